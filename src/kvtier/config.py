@@ -1,0 +1,189 @@
+"""Typed kvtier configuration.
+
+Every field carries its own docstring (with units). Build from a plain mapping with
+:meth:`KVTierConfig.from_dict`, which is what vLLM's ``kv_connector_extra_config`` holds:
+unknown keys and invalid values raise :class:`~kvtier.errors.ConfigError` naming the key and
+what it accepts. Sizes accept ints (bytes) or strings such as ``"8GiB"`` or ``"512MiB"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvtier.errors import ConfigError
+from kvtier.units import parse_size
+
+EvictionName = Literal["lru", "arc"]
+WritePolicy = Literal["write-through", "write-back"]
+EVICTION_POLICIES: tuple[str, ...] = ("lru", "arc")
+WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
+
+
+@dataclass(frozen=True)
+class SyncBudget:
+    """Per-engine-step byte budget for loads done within the step (sync loads).
+
+    ``mode`` is "auto" (derived from measured copy bandwidth and step time), "fixed"
+    (``nbytes`` per step per device) or "off" (every hit loads asynchronously).
+    """
+
+    mode: Literal["auto", "fixed", "off"]
+    nbytes: int = 0
+
+    @classmethod
+    def parse(cls, value: object, *, name: str = "sync_budget") -> SyncBudget:
+        """Parse "auto", 0 / "0" / "off" (disabled), or a byte size such as "64MiB"."""
+        if isinstance(value, SyncBudget):
+            return value
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return cls("auto")
+        if isinstance(value, str) and value.strip().lower() in ("off", "none"):
+            return cls("off")
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{name}: expected 'auto', 'off' or a byte size, got {value!r}")
+        try:
+            nbytes = parse_size(value, name=name)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (or 'auto' / 'off')") from None
+        return cls("off") if nbytes == 0 else cls("fixed", nbytes)
+
+    def __str__(self) -> str:
+        return str(self.nbytes) if self.mode == "fixed" else self.mode
+
+
+@dataclass(frozen=True)
+class KVTierConfig:
+    """Configuration of the kvtier cache (scheduler and worker sides read the same one)."""
+
+    chunk_tokens: int = 0
+    """Tokens per chunk, the unit of lookup, storage and transfer. Must be a multiple of the
+    engine's block size. 0 (default) picks the smallest multiple of the block size whose
+    per-layer copy is at least 64 KiB, where batched copies reach memcpy speed."""
+
+    cpu_bytes: int = 4 << 30
+    """Capacity of the CPU tier in bytes (per device). The slab is allocated once at start."""
+
+    eviction: EvictionName = "lru"
+    """Eviction policy of the CPU and disk tiers: "lru" or "arc"."""
+
+    admission_min_seen: int = 1
+    """Store a chunk only once it has been seen in at least this many lookups (1 = always)."""
+
+    sync_budget: SyncBudget = field(default_factory=lambda: SyncBudget("auto"))
+    """Bytes per engine step that may load within the step: "auto" (default; derived from
+    the measured copy bandwidth and the observed step time, no tuning), a size such as
+    "64MiB", or 0 / "off" (every hit loads asynchronously)."""
+
+    disk_path: str | None = None
+    """Directory of the disk tier; None disables the disk tier."""
+
+    disk_bytes: int = 16 << 30
+    """Capacity of the disk tier in bytes (per device)."""
+
+    disk_write_policy: WritePolicy = "write-through"
+    """"write-through": every chunk stored to the CPU tier is also written to disk, so a
+    restart finds it; "write-back": a chunk reaches disk only when the CPU tier evicts it."""
+
+    disk_threads: int = 4
+    """I/O threads of the disk tier."""
+
+    namespace: str = ""
+    """Extra text mixed into every key, to keep deployments that must not share KV apart."""
+
+    store_output_tokens: bool = True
+    """Also store chunks made of generated tokens, when the request finishes (multi-turn chat
+    re-sends the previous answer as part of the next prompt)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
+        """Build a config from a mapping; raise ConfigError on unknown keys or bad values."""
+        data = dict(data or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown kvtier config key(s) {', '.join(map(repr, unknown))}; "
+                f"accepted keys: {', '.join(sorted(known))}"
+            )
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            kwargs[key] = _PARSERS[key](value, key)
+        return cls(**kwargs)
+
+    def __post_init__(self) -> None:
+        # Validate direct construction the same way as from_dict.
+        for f in dataclasses.fields(self):
+            _PARSERS[f.name](getattr(self, f.name), f.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly mapping that from_dict accepts back."""
+        out = dataclasses.asdict(self)
+        out["sync_budget"] = str(self.sync_budget)
+        return out
+
+
+def _int(min_value: int) -> Any:
+    def parse(value: object, name: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+                value = int(value)
+            else:
+                raise ConfigError(f"{name}: expected an integer >= {min_value}, got {value!r}")
+        if value < min_value:
+            raise ConfigError(f"{name}: must be >= {min_value}, got {value}")
+        return value
+
+    return parse
+
+
+def _choice(choices: tuple[str, ...]) -> Any:
+    def parse(value: object, name: str) -> str:
+        if value not in choices:
+            raise ConfigError(f"{name}: got {value!r}; accepted values: {', '.join(choices)}")
+        return str(value)
+
+    return parse
+
+
+def _size(value: object, name: str) -> int:
+    if not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{name}: expected a byte size such as '8GiB', got {value!r}")
+    return parse_size(value, name=name)
+
+
+def _bool(value: object, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+
+def _opt_path(value: object, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value or None
+    raise ConfigError(f"{name}: expected a directory path or null, got {value!r}")
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    return value
+
+
+_PARSERS: dict[str, Any] = {
+    "chunk_tokens": _int(0),
+    "cpu_bytes": _size,
+    "eviction": _choice(EVICTION_POLICIES),
+    "admission_min_seen": _int(1),
+    "sync_budget": lambda v, n: SyncBudget.parse(v, name=n),
+    "disk_path": _opt_path,
+    "disk_bytes": _size,
+    "disk_write_policy": _choice(WRITE_POLICIES),
+    "disk_threads": _int(1),
+    "namespace": _text,
+    "store_output_tokens": _bool,
+}

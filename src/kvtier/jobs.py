@@ -1,0 +1,124 @@
+"""Transfer jobs: what the scheduler side asks the worker side to copy, and the answers.
+
+Plain data (ints, strings, bytes, lists) so it crosses process boundaries with any
+serializer and carries no live objects. Jobs are columnar: one flat list of engine blocks
+rather than a list per chunk, so a 128k-token hit costs a few list slices to describe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+JobKind = Literal["load", "store"]
+
+
+@dataclass(slots=True)
+class TransferJob:
+    """Copy chunks between a tier's slots and engine blocks.
+
+    Chunk i lives in tier slot ``slots[i]`` under key ``keys[i]``. ``block_ids`` lists the
+    engine blocks moved, chunk after chunk: every chunk covers ``blocks_per_chunk`` blocks
+    except the first, whose leading ``skip`` blocks are not moved (the engine already holds
+    them). Stores always have ``skip == 0``.
+    """
+
+    job_id: int
+    req_id: str
+    kind: JobKind
+    tier: str
+    sync: bool
+    keys: list[bytes]
+    slots: list[int]
+    block_ids: list[int]
+    skip: int = 0
+
+    def chunk_blocks(self, blocks_per_chunk: int) -> list[tuple[int, list[int]]]:
+        """Per chunk: (first chunk-relative block moved, engine block ids)."""
+        out = []
+        pos = 0
+        for i in range(len(self.keys)):
+            first = self.skip if i == 0 else 0
+            n = blocks_per_chunk - first
+            out.append((first, self.block_ids[pos : pos + n]))
+            pos += n
+        if pos != len(self.block_ids):
+            raise ValueError(
+                f"job {self.job_id}: {len(self.block_ids)} block ids for {len(self.keys)} "
+                f"chunks of {blocks_per_chunk} blocks (skip {self.skip})"
+            )
+        return out
+
+
+@dataclass(slots=True)
+class JobResult:
+    """Outcome of one job: per-chunk success, bytes moved, seconds spent."""
+
+    job_id: int
+    req_id: str
+    kind: JobKind
+    tier: str
+    sync: bool
+    ok: list[bool]
+    nbytes: int
+    seconds: float
+
+    @property
+    def all_ok(self) -> bool:
+        return all(self.ok)
+
+    def merge(self, other: JobResult) -> JobResult:
+        """Combine the same job's results from two workers: a chunk is good only if good on
+        both; bytes add; time is the slower worker's."""
+        ok = [a and b for a, b in zip(self.ok, other.ok, strict=True)]
+        return JobResult(
+            self.job_id,
+            self.req_id,
+            self.kind,
+            self.tier,
+            self.sync,
+            ok,
+            self.nbytes + other.nbytes,
+            max(self.seconds, other.seconds),
+        )
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """Everything the workers do for one engine step."""
+
+    loads: list[TransferJob] = field(default_factory=list)
+    """Loads to issue this step: sync ones finish before the forward pass."""
+    stores: list[TransferJob] = field(default_factory=list)
+    """Stores of KV computed by this step's forward; issued after it."""
+    flush: list[int] = field(default_factory=list)
+    """Jobs that must finish before the forward pass (their blocks are about to be reused)."""
+    release: dict[str, list[int]] = field(default_factory=dict)
+    """Finished requests whose blocks stay alive until these jobs are done."""
+
+    def is_empty(self) -> bool:
+        return not (self.loads or self.stores or self.flush or self.release)
+
+
+@dataclass(slots=True)
+class WorkerReport:
+    """What workers tell the scheduler side after a step."""
+
+    results: list[JobResult] = field(default_factory=list)
+    forward_seconds: float = 0.0
+    """Forward-pass time of the step, sync copies excluded (0 if no forward ran)."""
+    sync_seconds: float = 0.0
+    """Time spent on this step's sync loads."""
+    load_bandwidth: float = 0.0
+    """Calibrated load bandwidth in bytes/s (reported once, 0 otherwise)."""
+
+    def merge(self, other: WorkerReport) -> WorkerReport:
+        """Reports of several workers for one step (the scheduler counts per-job answers)."""
+        return WorkerReport(
+            self.results + other.results,
+            max(self.forward_seconds, other.forward_seconds),
+            max(self.sync_seconds, other.sync_seconds),
+            min(x for x in (self.load_bandwidth, other.load_bandwidth) if x > 0)
+            if (self.load_bandwidth > 0 or other.load_bandwidth > 0)
+            else 0.0,
+        )

@@ -1,0 +1,454 @@
+"""Scheduler side: lookups, load plans (sync/async), store plans, hit sources, job state.
+
+Engine-agnostic: it speaks token ids, block ids, keys and jobs. The vLLM connector is a
+thin adapter over it.
+
+Lookup design: every tier is *prefix-closed* (see :mod:`kvtier.tiers.index`), so "how many
+leading chunks does tier t hold" is a binary search, and a hit is at most one run per tier:
+the innermost tier serves its prefix, the next tier continues where it stops. A lookup on a
+128k-token prompt costs O(tiers * log chunks), not O(chunks).
+
+Pinning: loads pin only the deepest chunk they read in each tier. Prefix closure makes that
+enough: an ancestor of a pinned chunk has a child and eviction only takes leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvtier.budget import BudgetTracker
+from kvtier.config import KVTierConfig
+from kvtier.errors import ConfigError
+from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
+from kvtier.keys import Key, KeyChain, Namespace
+from kvtier.layout import KVLayout, auto_chunk_tokens
+from kvtier.metrics import Metrics
+from kvtier.policies.admission import make_admission_policy
+from kvtier.sources import HitRun, HitSource, hit_sources
+from kvtier.tiers.index import SlotIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TierView:
+    """The scheduler's view of one tier: a name, a hit source and its index."""
+
+    name: str
+    source: HitSource
+    index: SlotIndex
+
+
+@dataclass(frozen=True)
+class Hit:
+    """An external hit: tokens ``[start, end)`` found in tiers, as per-tier chunk runs."""
+
+    start: int
+    """Tokens the engine already has (its own cache); the hit continues from here."""
+    end: int
+    """End of the hit in tokens (a chunk boundary)."""
+    runs: tuple[tuple[str, int, int], ...]
+    """``(tier, first chunk, end chunk)``, innermost tier first, contiguous."""
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """A request scheduled in a step, as the store planner needs it."""
+
+    req_id: str
+    tokens: Sequence[int]
+    """All token ids so far (prompt, then outputs)."""
+    computed_after_step: int
+    """Tokens whose KV exists once this step's forward pass is done."""
+    block_ids: Sequence[int]
+    """The request's engine blocks, in token order."""
+    prompt_len: int
+
+
+@dataclass
+class _Request:
+    chain: KeyChain
+    hit: Hit | None = None
+    load_runs: list[HitRun] = field(default_factory=list)
+    load_start: int = 0
+    jobs: set[int] = field(default_factory=set)
+    finished: bool = False
+
+
+@dataclass
+class _Job:
+    job: TransferJob
+    answers: int = 0
+    result: JobResult | None = None
+    pinned: list[tuple[SlotIndex, Key]] = field(default_factory=list)
+
+
+def resolve_chunk_tokens(config: KVTierConfig, block_tokens: int, layout: KVLayout) -> int:
+    """The chunk size in tokens: configured (checked) or automatic."""
+    if config.chunk_tokens:
+        if config.chunk_tokens % block_tokens:
+            raise ConfigError(
+                f"chunk_tokens: {config.chunk_tokens} is not a multiple of the engine block "
+                f"size {block_tokens}"
+            )
+        return config.chunk_tokens
+    per_layer = max(
+        (g.bytes_per_token // g.num_layers for g in layout.groups if g.bytes_per_token),
+        default=1,
+    )
+    return auto_chunk_tokens(block_tokens, per_layer)
+
+
+class CacheManager:
+    """Scheduler-side state of kvtier for one engine.
+
+    Call order per request: ``lookup`` -> ``plan_load`` -> ``on_allocated`` -> ``hit_sources``
+    (all during scheduling), ``build_step`` once per engine step, ``on_report`` with every
+    worker report, ``request_finished`` once. Single-threaded (the scheduler's thread).
+    """
+
+    def __init__(
+        self,
+        config: KVTierConfig,
+        layout: KVLayout,
+        namespace: Namespace,
+        block_tokens: int,
+        tiers: Sequence[TierView],
+        *,
+        num_workers: int = 1,
+        metrics: Metrics | None = None,
+        defer_on_inflight_loads: bool = True,
+    ) -> None:
+        if not tiers:
+            raise ConfigError("tiers: at least one tier is needed")
+        self.config = config
+        self.layout = layout
+        self.namespace = namespace
+        self.block_tokens = block_tokens
+        self.chunk_tokens = resolve_chunk_tokens(config, block_tokens, layout)
+        self.blocks_per_chunk = self.chunk_tokens // block_tokens
+        self.tiers = list(tiers)
+        self._tier_by_name = {t.name: t for t in self.tiers}
+        self.num_workers = num_workers
+        self.metrics = metrics or Metrics()
+        self.budget = BudgetTracker(config.sync_budget)
+        self.admission = make_admission_policy(config.admission_min_seen)
+        self.defer_on_inflight_loads = defer_on_inflight_loads
+        self._reqs: dict[str, _Request] = {}
+        self._jobs: dict[int, _Job] = {}
+        self._next_job = 1
+        self._pending_loads: list[TransferJob] = []
+        self._pending_release: dict[str, list[int]] = {}
+        # Stores planned when a request finished; its blocks stay allocated until they run.
+        self._finish_stores: list[TransferJob] = []
+        self._being_loaded: dict[Key, int] = {}
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _request(
+        self, req_id: str, cache_salt: str | None = None, lora: str | None = None
+    ) -> _Request:
+        req = self._reqs.get(req_id)
+        if req is None:
+            seed = self.namespace.seed(cache_salt, lora)
+            req = self._reqs[req_id] = _Request(KeyChain(seed, self.chunk_tokens))
+        return req
+
+    def lookup(
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        num_computed: int,
+        *,
+        cache_salt: str | None = None,
+        lora: str | None = None,
+    ) -> Hit | None:
+        """The external hit past ``num_computed`` tokens, or None to ask again later (a chunk
+        of the hit is still being loaded for another request, which will make it a local
+        hit of the engine's own cache).
+
+        Side-effect free apart from computing the request's keys once.
+        """
+        req = self._request(req_id, cache_salt, lora)
+        req.chain.update(tokens)
+        keys = req.chain.keys
+        c = self.chunk_tokens
+        first = num_computed // c
+        if len(keys) <= first:
+            req.hit = None
+            return Hit(num_computed, num_computed, ())
+        self.admission.observe(keys[first:])
+        runs: list[tuple[str, int, int]] = []
+        covered = 0
+        for tier in self.tiers:
+            n = tier.index.prefix_len(keys)
+            if n > covered:
+                runs.append((tier.name, max(covered, first), n))
+                covered = n
+        end_tokens = covered * c
+        if end_tokens <= num_computed:
+            req.hit = None
+            return Hit(num_computed, num_computed, ())
+        runs = [r for r in runs if r[2] > r[1]]
+        hit = Hit(num_computed, end_tokens, tuple(runs))
+        loading = self._being_loaded
+        if (
+            self.defer_on_inflight_loads
+            and loading
+            and not loading.keys().isdisjoint(keys[first:covered])
+        ):
+            return None
+        req.hit = hit
+        self.metrics.inc("lookup_tokens", max(0, len(tokens) - num_computed))
+        return hit
+
+    def plan_load(self, req_id: str, hit: Hit, num_tokens: int) -> tuple[int, bool]:
+        """Decide how a hit loads: ``(external tokens, load asynchronously)``.
+
+        Sync (within this step) when the hit is entirely in the first tier (host memory) and
+        its bytes fit what is left of this step's budget; async otherwise. A sync hit must
+        leave at least one token to compute, so a hit covering the whole sequence is trimmed
+        by one token: the load still copies the whole last chunk, and the engine recomputes
+        that token's KV in place, as it does for its own full prefix-cache hits.
+        """
+        n = hit.tokens
+        if n <= 0:
+            self.budget.release(req_id)
+            return 0, False
+        host_only = all(t == self.tiers[0].name for t, _, _ in hit.runs)
+        sync_tokens = n - 1 if hit.end >= num_tokens else n
+        if (
+            host_only
+            and sync_tokens > 0
+            and self.budget.try_reserve(req_id, self.layout.load_bytes(n))
+        ):
+            return sync_tokens, False
+        self.budget.release(req_id)
+        return n, True
+
+    def on_allocated(
+        self, req_id: str, block_ids: Sequence[int], num_external: int, sync: bool
+    ) -> None:
+        """The engine allocated ``block_ids`` for the request and accepted ``num_external``
+        tokens of its hit: build the load job(s) for the next step."""
+        req = self._reqs.get(req_id)
+        hit = req.hit if req is not None else None
+        if req is None or hit is None or num_external <= 0:
+            self.budget.release(req_id)
+            if req is not None:
+                req.load_runs = []
+            return
+        c, bt, bpc = self.chunk_tokens, self.block_tokens, self.blocks_per_chunk
+        start, end = hit.start, hit.start + num_external
+        req.load_start = start
+        req.load_runs = []
+        first_block = start // bt
+        end_chunk = -(-end // c)
+        keys = req.chain.keys
+        for tier_name, c0, c1 in hit.runs:
+            c1 = min(c1, end_chunk)
+            if c1 <= c0:
+                continue
+            tier = self._tier_by_name[tier_name]
+            lo_tok = max(start, c0 * c)
+            req.load_runs.append(HitRun(lo_tok, min(end, c1 * c), tier.source))
+            b0 = max(first_block, c0 * bpc)
+            blocks = list(block_ids[b0 : c1 * bpc])
+            chunk_keys = keys[c0:c1]
+            if len(blocks) != c1 * bpc - b0:
+                raise ValueError(
+                    f"request {req_id}: {len(block_ids)} blocks allocated, the hit needs {c1 * bpc}"
+                )
+            index = tier.index
+            slots = [index.slot_of(k) for k in chunk_keys]
+            deepest = chunk_keys[-1]
+            index.pin([deepest])
+            index.touch([deepest])
+            job = self._new_job(
+                req,
+                TransferJob(
+                    0, req_id, "load", tier_name, sync, chunk_keys, slots, blocks, b0 - c0 * bpc
+                ),
+                pinned=[(index, deepest)],
+            )
+            if not sync:
+                for k in chunk_keys:
+                    self._being_loaded[k] = self._being_loaded.get(k, 0) + 1
+            self._pending_loads.append(job)
+            mode = "sync" if sync else "async"
+            self.metrics.inc("loads", 1, tier_name, mode)
+        if not sync:
+            self.budget.release(req_id)
+        for run in req.load_runs:
+            self.metrics.inc("hit_tokens", run.end - run.start, run.source.label)
+
+    def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
+        """Which tier each of the accepted ``num_external`` hit tokens came from."""
+        req = self._reqs.get(req_id)
+        if req is None or num_external <= 0:
+            return {}
+        return hit_sources([req.load_runs], req.load_start, req.load_start + num_external)
+
+    def _new_job(
+        self, req: _Request, job: TransferJob, pinned: list[tuple[SlotIndex, Key]] | None = None
+    ) -> TransferJob:
+        job.job_id = self._next_job
+        self._next_job += 1
+        self._jobs[job.job_id] = _Job(job, pinned=pinned or [])
+        req.jobs.add(job.job_id)
+        return job
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def build_step(
+        self, scheduled: Iterable[ScheduledRequest], preempted: Iterable[str] = ()
+    ) -> StepPlan:
+        """The plan for this step: loads accepted since the last step, stores of chunks
+        this step completes, flushes for preempted requests, block releases."""
+        plan = StepPlan(
+            loads=self._pending_loads, stores=self._finish_stores, release=self._pending_release
+        )
+        self._pending_loads, self._pending_release, self._finish_stores = [], {}, []
+        n_batch = 0
+        for s in scheduled:
+            n_batch += 1
+            job = self._plan_store(
+                s.req_id, s.tokens, min(s.computed_after_step, s.prompt_len), s.block_ids
+            )
+            if job is not None:
+                plan.stores.append(job)
+        for req_id in preempted:
+            req = self._reqs.get(req_id)
+            if req is not None:
+                plan.flush.extend(j for j in req.jobs if self._jobs[j].job.kind == "store")
+        if self.budget.used:
+            self.metrics.observe("sync_budget_used_bytes", self.budget.used)
+        self.budget.begin_step(n_batch + 1)
+        self.metrics.set("sync_budget_bytes", self.budget.limit)
+        return plan
+
+    def _plan_store(
+        self, req_id: str, tokens: Sequence[int], limit: int, block_ids: Sequence[int]
+    ) -> TransferJob | None:
+        req = self._reqs.get(req_id)
+        if req is None:
+            req = self._request(req_id)
+        c, bpc = self.chunk_tokens, self.blocks_per_chunk
+        n_full = min(limit // c, len(block_ids) // bpc)
+        if n_full <= 0:
+            return None
+        req.chain.update(tokens[: n_full * c])
+        keys = req.chain.keys[:n_full]
+        tier = self.tiers[0]
+        present = tier.index.prefix_len(keys, any_state=True)
+        if present >= n_full:
+            return None
+        todo = keys[present:]
+        admitted = 0
+        while admitted < len(todo) and self.admission.admit(todo[admitted]):
+            admitted += 1
+        todo = todo[:admitted]
+        before = tier.index.evictions
+        slots = tier.index.reserve(todo, keys[present - 1] if present else None)
+        self.metrics.inc("evictions", tier.index.evictions - before, tier.name)
+        if not slots:
+            return None
+        todo = todo[: len(slots)]
+        blocks = list(block_ids[present * bpc : (present + len(slots)) * bpc])
+        return self._new_job(
+            req, TransferJob(0, req_id, "store", tier.name, False, todo, slots, blocks)
+        )
+
+    def request_finished(
+        self, req_id: str, tokens: Sequence[int], num_computed: int, block_ids: Sequence[int]
+    ) -> bool:
+        """The request is done. Returns True when its blocks must stay allocated until the
+        jobs listed in the next plan's ``release`` finish (the worker reports it then)."""
+        req = self._reqs.get(req_id)
+        if req is None:
+            return False
+        self.budget.release(req_id)
+        if self.config.store_output_tokens:
+            job = self._plan_store(req_id, tokens, num_computed, block_ids)
+            if job is not None:
+                self._finish_stores.append(job)
+        req.finished = True
+        if req.jobs:
+            self._pending_release[req_id] = sorted(req.jobs)
+            return True
+        del self._reqs[req_id]
+        return False
+
+    # -- worker reports --------------------------------------------------------------------
+
+    def on_report(self, report: WorkerReport) -> None:
+        """Apply a step's worker report: finish jobs, learn bandwidth and step time."""
+        if report.load_bandwidth > 0:
+            self.budget.observe_bandwidth(report.load_bandwidth)
+        if report.forward_seconds > 0:
+            self.budget.observe_step(report.forward_seconds)
+        for result in report.results:
+            entry = self._jobs.get(result.job_id)
+            if entry is None:
+                continue
+            entry.result = result if entry.result is None else entry.result.merge(result)
+            entry.answers += 1
+            if entry.answers >= self.num_workers:
+                self._finish_job(entry)
+
+    def _finish_job(self, entry: _Job) -> None:
+        job, result = entry.job, entry.result
+        assert result is not None
+        del self._jobs[job.job_id]
+        tier = self._tier_by_name[job.tier]
+        mode = "sync" if job.sync else "async"
+        failed = result.ok.count(False)
+        if job.kind == "load":
+            for index, key in entry.pinned:
+                index.unpin([key])
+            if not job.sync:
+                for k in job.keys:
+                    left = self._being_loaded.get(k, 0) - 1
+                    if left > 0:
+                        self._being_loaded[k] = left
+                    else:
+                        self._being_loaded.pop(k, None)
+            if failed:
+                first_bad = result.ok.index(False)
+                tier.index.invalidate(job.keys[first_bad])
+            self.metrics.inc("load_bytes", result.nbytes, job.tier, mode)
+            self.metrics.inc("load_seconds", result.seconds, job.tier, mode)
+            if job.sync:
+                self.budget.observe_sync_load(result.nbytes, result.seconds)
+        else:
+            tier.index.commit(job.keys, result.ok)
+            self.metrics.inc("store_bytes", result.nbytes, job.tier)
+            self.metrics.inc("store_seconds", result.seconds, job.tier)
+            self.metrics.inc("stored_chunks", len(job.keys) - failed, job.tier)
+        if failed:
+            self.metrics.inc("failures", failed, job.tier, job.kind)
+        req = self._reqs.get(job.req_id)
+        if req is not None:
+            req.jobs.discard(job.job_id)
+            if req.finished and not req.jobs:
+                del self._reqs[job.req_id]
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def reset(self) -> bool:
+        """Forget every stored chunk that no job is using (vLLM's reset_prefix_cache)."""
+        for tier in self.tiers:
+            tier.index.clear()
+        return True
+
+    def has_pending_jobs(self) -> bool:
+        return bool(self._jobs)
+
+    def num_requests(self) -> int:
+        return len(self._reqs)

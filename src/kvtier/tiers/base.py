@@ -1,0 +1,112 @@
+"""The tier contract.
+
+A tier stores fixed-size *chunks* (``chunk_bytes`` each) under 16-byte keys. Chunks form
+chains: chunk i's parent is chunk i-1 of the same token sequence. Two interfaces:
+
+- :class:`Tier`, the whole tier in one process: what a direct user, the simulator and the
+  conformance suite (``kvtier.testing``) use.
+- The split used inside an engine, where scheduler and workers may be different processes:
+  the scheduler owns a :class:`~kvtier.tiers.index.SlotIndex` (keys, states, eviction) and
+  every worker owns a :class:`SlotStore` (the bytes of each slot). The scheduler decides
+  which slot a chunk goes to; the worker only moves bytes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+from kvtier.keys import Key
+from kvtier.sources import HitSource
+
+Segments = Sequence[tuple[int, torch.Tensor]]
+"""Where one chunk's bytes go (or come from): ``(offset, tensor)`` pairs, each a 1-D uint8
+tensor holding payload bytes ``[offset, offset + numel)``. A load may cover only part of a
+payload (it skips blocks the engine already holds)."""
+
+
+class SlotStore(ABC):
+    """Data plane of a slot tier: ``num_slots`` slots of ``slot_bytes`` bytes.
+
+    Contract:
+    - ``read``/``write`` move chunk payloads between slots and caller-owned segments. The
+      caller keeps ownership of the segments; the store never keeps a reference past the call.
+    - Failure granularity is per chunk: the result lists, per chunk, whether it succeeded. A
+      failed read leaves the destination bytes unspecified but never reports success for bytes
+      that differ from what was written under that key (stores with headers check the key and
+      a checksum). A failed write means the slot holds nothing valid.
+    - Thread-safety: concurrent calls on *different* slots are allowed; the scheduler never
+      lets two in-flight operations touch the same slot unless both read.
+    """
+
+    num_slots: int
+    slot_bytes: int
+
+    @abstractmethod
+    def read(
+        self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
+    ) -> list[bool]:
+        """Copy slot payloads into ``dst`` segments."""
+
+    @abstractmethod
+    def write(
+        self, slots: Sequence[int], keys: Sequence[Key], src: Sequence[Segments]
+    ) -> list[bool]:
+        """Copy ``src`` segments into slots, recording ``keys`` with them. A write covers
+        the whole payload."""
+
+    def close(self) -> None:
+        """Release resources; idempotent."""
+
+
+class Tier(ABC):
+    """A whole tier in one process.
+
+    Contract:
+    - ``put(keys, data, parent)`` stores ``data[i]`` under ``keys[i]``, where ``keys`` is a
+      chain continuing ``parent`` (None for a chain start). It returns how many leading
+      chunks are now stored; chunks after the first refusal are refused too (a tier never
+      holds a chunk whose parent it lacks). A refusal means: no room that eviction could
+      free, a refused parent, or a failed write. Keys already present count as stored.
+      Atomic per chunk: a chunk is either fully readable or absent.
+    - ``get(keys, out)`` reads chunk i into ``out[i]`` and returns how many leading chunks
+      were read correctly. Bytes past that count are unspecified. A tier never reports
+      success for bytes that differ from what was put.
+    - ``prefix_len(keys)`` is how many leading keys are present.
+    - Ownership: ``data`` is copied during ``put``; ``out`` belongs to the caller.
+    - Thread-safety: every method may be called from several threads.
+    - ``close()`` is idempotent; other methods raise TierError after it.
+    """
+
+    name: str
+    source: HitSource
+    chunk_bytes: int
+    capacity_chunks: int
+
+    @abstractmethod
+    def put(self, keys: Sequence[Key], data: torch.Tensor, parent: Key | None = None) -> int:
+        """Store a chain of chunks; ``data`` is uint8 ``[len(keys), chunk_bytes]``."""
+
+    @abstractmethod
+    def get(self, keys: Sequence[Key], out: torch.Tensor) -> int:
+        """Read chunks into uint8 ``out[len(keys), chunk_bytes]``."""
+
+    @abstractmethod
+    def prefix_len(self, keys: Sequence[Key]) -> int:
+        """Leading keys present."""
+
+    def contains(self, key: Key) -> bool:
+        return self.prefix_len([key]) == 1
+
+    @abstractmethod
+    def delete(self, keys: Sequence[Key]) -> None:
+        """Remove keys (and, to keep chains whole, their descendants)."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Chunks stored."""
+
+    @abstractmethod
+    def close(self) -> None: ...

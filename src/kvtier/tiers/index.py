@@ -1,0 +1,273 @@
+"""Scheduler-side bookkeeping of a slot tier: which key lives in which slot, in which state.
+
+The index never touches data. It is owned by one thread (the scheduler's); tiers that are
+used from several threads wrap it in a lock.
+
+Invariants (checked by :meth:`SlotIndex.check`):
+
+- *Prefix closure.* A key's parent (the previous chunk of its chain) is present whenever the
+  key is: stores go in chain order, a key is only reserved under a present parent, and
+  eviction only takes leaves (keys with no stored children). Presence along a chain is
+  therefore monotone, so :meth:`prefix_len` is a binary search, and a lookup across tiers
+  yields one run per tier.
+- *Readiness is monotone too.* A key becomes READY only when its parent is READY; a child
+  whose store finished first waits (``done``) and is promoted with its parent.
+- A slot is *evictable* only when READY, unpinned (no load in flight) and childless. Slots
+  being stored or loaded are never handed out again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvtier.keys import Key
+from kvtier.policies.eviction import EvictionPolicy
+
+STORING = 0
+READY = 1
+
+
+@dataclass(slots=True)
+class _Entry:
+    slot: int
+    parent: Key | None
+    state: int = STORING
+    pins: int = 0
+    done: bool = False
+    """Store finished but the parent is not READY yet."""
+    doomed: bool = False
+    """Invalidated while pinned: removed at the last unpin."""
+    children: list[Key] = field(default_factory=list)
+
+
+class SlotIndex:
+    """Key -> slot map of a tier with ``num_slots`` fixed-size slots."""
+
+    def __init__(self, num_slots: int, policy: EvictionPolicy) -> None:
+        if num_slots < 0:
+            raise ValueError(f"num_slots must be >= 0, got {num_slots}")
+        self.num_slots = num_slots
+        self.policy = policy
+        self._entries: dict[Key, _Entry] = {}
+        # Pop from the end: low slot numbers are handed out first.
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self.evictions = 0
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def is_ready(self, key: Key) -> bool:
+        e = self._entries.get(key)
+        return e is not None and e.state == READY and not e.doomed
+
+    def has(self, key: Key) -> bool:
+        """Present in any state (being stored or ready)."""
+        e = self._entries.get(key)
+        return e is not None and not e.doomed
+
+    def slot_of(self, key: Key) -> int:
+        return self._entries[key].slot
+
+    def ready_keys(self) -> list[Key]:
+        return [k for k, e in self._entries.items() if e.state == READY and not e.doomed]
+
+    def prefix_len(self, keys: Sequence[Key], start: int = 0, *, any_state: bool = False) -> int:
+        """Index of the first key at or after ``start`` that is absent (binary search).
+
+        Relies on prefix closure: along one chain, presence (and readiness) is monotone.
+        """
+        check = self.has if any_state else self.is_ready
+        lo, hi = start, len(keys)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if check(keys[mid]):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # -- stores ----------------------------------------------------------------------------
+
+    def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
+        """Reserve slots for ``keys`` (a chain continuing ``parent``), evicting as needed.
+
+        Returns the slots of the longest prefix of ``keys`` that fits; those keys are now
+        STORING. Nothing is reserved if ``parent`` is given but absent, or if a key is
+        already present (callers skip present keys first). Atomic: on a short answer the
+        keys beyond it are untouched.
+        """
+        if not keys or (parent is not None and not self.has(parent)):
+            return []
+        for i, k in enumerate(keys):
+            if k in self._entries:
+                keys = keys[:i]
+                break
+        if not keys:
+            return []
+        need = len(keys) - len(self._free)
+        if need > 0:
+            self._evict(need, protect=parent)
+        n = min(len(keys), len(self._free))
+        slots = [self._free.pop() for _ in range(n)]
+        prev = parent
+        for key, slot in zip(keys[:n], slots, strict=True):
+            self._entries[key] = _Entry(slot, prev)
+            if prev is not None:
+                self._entries[prev].children.append(key)
+            prev = key
+        # Children first, so ancestors end up more recent: LRU-like orders then meet leaves
+        # before their parents.
+        for key in reversed(keys[:n]):
+            self.policy.insert(key)
+        return slots
+
+    def commit(self, keys: Iterable[Key], ok: Iterable[bool]) -> list[Key]:
+        """Finish stores: successful keys become READY, failed ones are dropped with their
+        descendants. Returns the keys dropped."""
+        dropped: list[Key] = []
+        for key, success in zip(keys, ok, strict=True):
+            e = self._entries.get(key)
+            if e is None or e.state != STORING:
+                continue
+            if not success or e.doomed or (e.parent is not None and e.parent not in self._entries):
+                dropped.extend(self._drop(key))
+                continue
+            e.done = True
+            if e.parent is None or self._entries[e.parent].state == READY:
+                self._promote(key)
+        return dropped
+
+    def _promote(self, key: Key) -> None:
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            e = self._entries[k]
+            e.state = READY
+            e.done = False
+            stack.extend(c for c in e.children if self._entries[c].done)
+
+    # -- loads -----------------------------------------------------------------------------
+
+    def pin(self, keys: Iterable[Key]) -> list[int]:
+        """Protect READY keys from eviction while a load reads them; returns their slots."""
+        slots = []
+        for key in keys:
+            e = self._entries[key]
+            if e.state != READY or e.doomed:
+                raise KeyError("pin: key is not ready")
+            e.pins += 1
+            slots.append(e.slot)
+        return slots
+
+    def unpin(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            e = self._entries.get(key)
+            if e is None:
+                continue
+            e.pins -= 1
+            if e.pins == 0 and e.doomed:
+                self._drop(key)
+
+    def touch(self, keys: Sequence[Key]) -> None:
+        """Record reuse of a chain prefix (tail first, so ancestors are the most recent)."""
+        for key in reversed(keys):
+            self.policy.touch(key)
+
+    # -- removal ---------------------------------------------------------------------------
+
+    def invalidate(self, key: Key) -> list[Key]:
+        """Remove ``key`` and its descendants (e.g. their bytes failed a check).
+
+        Pinned keys are hidden at once and removed when their last load finishes.
+        Returns the keys removed now.
+        """
+        if key not in self._entries:
+            return []
+        return self._drop(key)
+
+    def clear(self) -> None:
+        """Forget everything that is not pinned or being stored (reset)."""
+        for key, e in list(self._entries.items()):
+            if key in self._entries and e.parent is None:
+                self._drop(key, keep_busy=True)
+
+    def _drop(self, key: Key, keep_busy: bool = False) -> list[Key]:
+        """Remove a subtree; pinned or in-flight members are doomed instead of freed."""
+        removed: list[Key] = []
+        order: list[Key] = []
+        stack = [key]
+        while stack:
+            k = stack.pop()
+            order.append(k)
+            stack.extend(self._entries[k].children)
+        # Leaves first so every parent is still there when its child detaches.
+        for k in reversed(order):
+            e = self._entries[k]
+            busy = e.pins > 0 or (keep_busy and e.state == STORING)
+            if busy:
+                e.doomed = True
+                continue
+            if e.children:
+                # A busy descendant survives as doomed; keep this node until it goes.
+                e.doomed = True
+                continue
+            self._remove(k, evicted=False)
+            removed.append(k)
+        return removed
+
+    def _remove(self, key: Key, evicted: bool) -> None:
+        e = self._entries.pop(key)
+        if e.parent is not None:
+            p = self._entries.get(e.parent)
+            if p is not None:
+                p.children.remove(key)
+                if p.doomed and not p.children and p.pins == 0:
+                    self._remove(e.parent, evicted=False)
+        self.policy.remove(key, evicted=evicted)
+        self._free.append(e.slot)
+
+    def _evict(self, n: int, protect: Key | None) -> list[Key]:
+        victims: list[Key] = []
+        gone_children: dict[Key, int] = {}
+        entries = self._entries
+        for key in self.policy.candidates():
+            e = entries[key]
+            if key == protect or e.state != READY or e.pins or e.doomed:
+                continue
+            if len(e.children) > gone_children.get(key, 0):
+                continue
+            victims.append(key)
+            if e.parent is not None:
+                gone_children[e.parent] = gone_children.get(e.parent, 0) + 1
+            if len(victims) == n:
+                break
+        for key in victims:
+            self._remove(key, evicted=True)
+        self.evictions += len(victims)
+        return victims
+
+    # -- integrity -------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise AssertionError if an invariant is broken (tests and debugging)."""
+        used = {e.slot for e in self._entries.values()}
+        assert len(used) == len(self._entries), "two keys share a slot"
+        assert used.isdisjoint(self._free), "a used slot is also free"
+        assert len(used) + len(self._free) == self.num_slots, "slots leaked"
+        assert len(self.policy) == len(self._entries), "policy and index disagree"
+        for key, e in self._entries.items():
+            if e.parent is not None:
+                p = self._entries.get(e.parent)
+                assert p is not None, "prefix closure broken: parent missing"
+                assert key in p.children
+                if e.state == READY:
+                    assert p.state == READY, "READY child of a non-READY parent"
+            for c in e.children:
+                assert self._entries[c].parent == key

@@ -1,0 +1,229 @@
+"""The worker-side transfer engine: two copy queues and the job bookkeeping around them.
+
+- The *normal* queue runs asynchronous loads and all stores, in submission order.
+- The *expedited* queue runs sync loads (hits loaded within the step). It has its own
+  thread (and CUDA stream), so a sync load never waits behind queued async work.
+
+On CUDA each queue issues its copies on its own stream after waiting for the work the
+engine had queued on the compute stream when the job was submitted (zeroed blocks, this
+step's KV writes), then waits for its own event, off the engine's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.tiers.base import SlotStore
+from kvtier.transfer.copy import copy_segments
+from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
+from kvtier.transfer.regions import KVRegions
+
+__all__ = ["JobResult", "TransferEngine"]
+
+log = logging.getLogger(__name__)
+
+
+class _Queue:
+    """One worker thread executing jobs in order."""
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[TransferJob, Any, Any], JobResult],
+        done: Callable[[JobResult], None],
+    ) -> None:
+        self._run = run
+        self._done = done
+        self._jobs: deque[tuple[TransferJob, Any, Any]] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self.stream: Any = torch.cuda.Stream() if cuda_available() else None  # type: ignore[no-untyped-call]
+        self._thread = threading.Thread(target=self._loop, name=f"kvtier-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: TransferJob, prepared: Any) -> None:
+        ready = None
+        if self.stream is not None:
+            # Order after everything the engine queued so far on its current stream.
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record()
+        with self._cond:
+            self._jobs.append((job, prepared, ready))
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stop:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job, prepared, ready = self._jobs[0]
+            try:
+                result = self._run(job, prepared, (self.stream, ready))
+            except Exception:  # a bug or device fault: the job fails, the engine lives
+                log.exception("kvtier: transfer job %d failed", job.job_id)
+                result = JobResult(
+                    job.job_id,
+                    job.req_id,
+                    job.kind,
+                    job.tier,
+                    job.sync,
+                    [False] * len(job.keys),
+                    0,
+                    0.0,
+                )
+            with self._cond:
+                self._jobs.popleft()
+            self._done(result)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=60)
+
+
+class TransferEngine:
+    """Executes TransferJobs between engine KV regions and tier stores.
+
+    Ownership: the engine KV tensors (inside ``regions``) and the stores are borrowed.
+    Failure granularity: per chunk (``JobResult.ok``); an exception inside a job fails the
+    whole job and is logged, never raised into the engine. Thread-safety: ``submit``,
+    ``poll`` and ``wait`` are called from the engine's thread; results are produced on the
+    queue threads.
+    """
+
+    def __init__(self, regions: KVRegions, stores: Mapping[str, SlotStore], blocks_per_chunk: int):
+        self.regions = regions
+        self.stores = dict(stores)
+        self.blocks_per_chunk = blocks_per_chunk
+        self._done_cond = threading.Condition()
+        self._results: list[JobResult] = []
+        self._finished: set[int] = set()
+        self._pending: set[int] = set()
+        self._normal = _Queue("copy", self._execute, self._on_done)
+        self._expedited = _Queue("expedited", self._execute, self._on_done)
+        self.load_bandwidth: float | None = None
+
+    # -- submission and completion ---------------------------------------------------------
+
+    def submit(self, job: TransferJob) -> None:
+        """Queue a job: sync loads on the expedited queue, everything else on the normal one.
+
+        The copy plan (engine views per chunk) is built here, on the caller's thread, so the
+        queue threads only run copies, which release the GIL.
+        """
+        try:
+            bpc = self.blocks_per_chunk
+            prepared: Any = [
+                self.regions.segments(ids, first, bpc) for first, ids in job.chunk_blocks(bpc)
+            ]
+        except Exception:
+            log.exception("kvtier: cannot plan transfer job %d", job.job_id)
+            prepared = None
+        with self._done_cond:
+            self._pending.add(job.job_id)
+        (self._expedited if job.sync else self._normal).submit(job, prepared)
+
+    def _on_done(self, result: JobResult) -> None:
+        with self._done_cond:
+            self._pending.discard(result.job_id)
+            self._finished.add(result.job_id)
+            self._results.append(result)
+            self._done_cond.notify_all()
+
+    def poll(self) -> list[JobResult]:
+        """Results finished since the last poll."""
+        with self._done_cond:
+            out, self._results = self._results, []
+            self._finished.difference_update(r.job_id for r in out)
+        return out
+
+    def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
+        """Block until the given jobs finished (results stay available to ``poll``)."""
+        ids = set(job_ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._done_cond:
+            while ids & self._pending:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._done_cond.wait(remaining)
+        return True
+
+    def pending(self) -> set[int]:
+        with self._done_cond:
+            return set(self._pending)
+
+    def close(self) -> None:
+        """Finish queued jobs, stop the threads."""
+        self._expedited.close()
+        self._normal.close()
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def _execute(self, job: TransferJob, segs: Any, ctx: Any) -> JobResult:
+        stream, ready = ctx
+        if segs is None:
+            raise ValueError(f"job {job.job_id} has no valid copy plan")
+        store = self.stores[job.tier]
+        t0 = time.perf_counter()
+        nbytes = sum(seg.numel() for chunk in segs for _, seg in chunk)
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                stream.wait_event(ready)
+                ok = self._move(store, job, segs)
+                stream.synchronize()
+        else:
+            ok = self._move(store, job, segs)
+        return JobResult(
+            job.job_id,
+            job.req_id,
+            job.kind,
+            job.tier,
+            job.sync,
+            ok,
+            nbytes,
+            time.perf_counter() - t0,
+        )
+
+    @staticmethod
+    def _move(store: SlotStore, job: TransferJob, segs: Any) -> list[bool]:
+        if job.kind == "load":
+            return store.read(job.slots, job.keys, segs)
+        return store.write(job.slots, job.keys, segs)
+
+    # -- calibration -------------------------------------------------------------------------
+
+    def calibrate(self, nbytes: int = 32 << 20, repeats: int = 3) -> float:
+        """Measure load copy bandwidth (bytes/s) once, with the engine's own row sizes.
+
+        Copies scratch buffers only (never live KV): ``nbytes`` split into runs of one
+        chunk's per-region size, host to engine device, best of ``repeats``. Both load
+        queues share the result; it feeds the ``auto`` sync budget.
+        """
+        run = max(1, self.blocks_per_chunk * max(self.regions.row_bytes))
+        count = max(1, nbytes // run)
+        device = self.regions.regions[0].device
+        src = alloc_host_buffer(count * run)
+        dst = torch.empty(count * run, dtype=torch.uint8, device=device)
+        srcs = [src.narrow(0, i * run, run) for i in range(count)]
+        dsts = [dst.narrow(0, i * run, run) for i in range(count)]
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            copy_segments(dsts, srcs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        self.load_bandwidth = count * run / max(best, 1e-9)
+        return self.load_bandwidth

@@ -1,0 +1,117 @@
+"""The engine's KV cache seen as byte regions, for any block-major layout.
+
+An engine hands over one tensor per layer (or one cross-layer tensor). Each has a *block
+dimension*; dimensions after it must be dense, so one block of one tensor is a contiguous
+byte range. Dimensions before it (e.g. the leading 2 of a ``[2, blocks, ...]`` K/V layout)
+split a tensor into several regions. A region is then ``num_blocks`` equal rows of bytes.
+
+A chunk's payload in a tier slot is region-major: region 0's blocks of the chunk, then
+region 1's, ... so a run of consecutive engine blocks is one contiguous copy per region.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from kvtier.errors import ConfigError
+
+
+class KVRegions:
+    """Byte views of an engine's KV tensors.
+
+    ``regions[r]`` is a 1-D uint8 view of ``num_blocks * row_bytes[r]`` bytes; the tensors
+    stay owned by the engine and must outlive this object.
+    """
+
+    def __init__(self, regions: Sequence[torch.Tensor], row_bytes: Sequence[int], num_blocks: int):
+        self.regions = list(regions)
+        self.row_bytes = list(row_bytes)
+        self.num_blocks = num_blocks
+        self.block_bytes = sum(self.row_bytes)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+        num_blocks: int,
+        block_dim: int | None = None,
+    ) -> KVRegions:
+        """Build regions from per-layer tensors whose block dimension has ``num_blocks``.
+
+        The block dimension is detected as the one of size ``num_blocks`` (pass
+        ``block_dim`` when several match). Tensors that share storage (aliases of one
+        buffer at the same offset) are counted once.
+        """
+        if isinstance(tensors, Mapping):
+            tensors = list(tensors.values())
+        regions: list[torch.Tensor] = []
+        rows: list[int] = []
+        seen: set[tuple[int, tuple[int, ...]]] = set()
+        for t in tensors:
+            ident = (t.data_ptr(), tuple(t.shape))
+            if ident in seen:
+                continue
+            seen.add(ident)
+            dim = _block_dim(t, num_blocks, block_dim)
+            outer = t.shape[:dim]
+            for idx in itertools.product(*(range(s) for s in outer)):
+                sub = t[idx] if idx else t
+                if not sub.is_contiguous():
+                    raise ConfigError(
+                        f"KV layout: tensor of shape {tuple(t.shape)} strides {t.stride()} "
+                        f"is not dense after its block dimension {dim}; unsupported layout"
+                    )
+                flat = sub.reshape(-1).view(torch.uint8)
+                regions.append(flat)
+                rows.append(flat.numel() // num_blocks)
+        if not regions:
+            raise ConfigError("KV layout: no KV tensors given")
+        return cls(regions, rows, num_blocks)
+
+    def chunk_bytes(self, blocks_per_chunk: int) -> int:
+        """Payload bytes of a chunk of ``blocks_per_chunk`` blocks."""
+        return blocks_per_chunk * self.block_bytes
+
+    def segments(
+        self, block_ids: Sequence[int], first_block: int, blocks_per_chunk: int
+    ) -> list[tuple[int, torch.Tensor]]:
+        """``(payload offset, engine view)`` pairs for chunk blocks
+        ``first_block .. first_block + len(block_ids) - 1`` living in ``block_ids``.
+
+        Consecutive engine blocks coalesce into one view per region.
+        """
+        runs: list[tuple[int, int, int]] = []  # (chunk-relative block, engine block, length)
+        for j, b in enumerate(block_ids, start=first_block):
+            if runs and runs[-1][1] + runs[-1][2] == b:
+                j0, b0, n = runs[-1]
+                runs[-1] = (j0, b0, n + 1)
+            else:
+                runs.append((j, b, 1))
+        out: list[tuple[int, torch.Tensor]] = []
+        base = 0
+        for flat, rb in zip(self.regions, self.row_bytes, strict=True):
+            for j, b, n in runs:
+                out.append((base + j * rb, flat.narrow(0, b * rb, n * rb)))
+            base += blocks_per_chunk * rb
+        return out
+
+
+def _block_dim(t: torch.Tensor, num_blocks: int, block_dim: int | None) -> int:
+    if block_dim is not None:
+        dim = block_dim if block_dim >= 0 else t.dim() + block_dim
+        if t.shape[dim] != num_blocks:
+            raise ConfigError(
+                f"KV layout: dimension {block_dim} of shape {tuple(t.shape)} is not "
+                f"{num_blocks} blocks"
+            )
+        return dim
+    matches = [d for d, s in enumerate(t.shape) if s == num_blocks]
+    if len(matches) != 1:
+        raise ConfigError(
+            f"KV layout: cannot tell the block dimension of shape {tuple(t.shape)} "
+            f"({num_blocks} blocks); pass block_dim"
+        )
+    return matches[0]

@@ -1,0 +1,135 @@
+"""Worker side of one engine step: issue the plan's jobs at the right moments, report back.
+
+Per step, in the engine's order:
+
+1. ``begin_step(plan)`` when the step's plan arrives (before the forward pass);
+2. ``start_loads()``: flush jobs whose blocks are about to be reused, run sync loads to
+   completion on the expedited queue, queue async loads on the normal queue;
+3. the engine's forward pass;
+4. ``end_forward()``: queue the plan's stores (they read KV this forward wrote, and must
+   not delay it);
+5. ``transfer_results(finished)``, ``load_errors()``, ``report()``.
+
+Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
+from kvtier.transfer.engine import TransferEngine
+
+
+class WorkerSide:
+    """Drives a TransferEngine from StepPlans; single-threaded (the engine's thread)."""
+
+    def __init__(self, engine: TransferEngine, *, calibrate: bool = True) -> None:
+        self.engine = engine
+        self._plan = StepPlan()
+        self._inflight: dict[int, TransferJob] = {}
+        self._async_loads: dict[str, set[int]] = {}
+        self._release: dict[str, set[int]] = {}
+        self._results: list[JobResult] = []
+        self._load_errors: set[int] = set()
+        self._t_begin = 0.0
+        self._load_seconds = 0.0
+        self._sync_seconds = 0.0
+        self._forward_seconds = 0.0
+        self._bandwidth = engine.calibrate() if calibrate else 0.0
+
+    # -- step hooks ------------------------------------------------------------------------
+
+    def begin_step(self, plan: StepPlan) -> None:
+        self._plan = plan
+        self._t_begin = time.perf_counter()
+        self._load_seconds = 0.0
+        this_step = {j.job_id for j in plan.loads} | {j.job_id for j in plan.stores}
+        for req_id, ids in plan.release.items():
+            self._release[req_id] = set(ids) & (self._inflight.keys() | this_step)
+
+    def start_loads(self) -> None:
+        """Flush, then sync loads (waited for), then async loads (queued)."""
+        t0 = time.perf_counter()
+        plan = self._plan
+        if plan.flush:
+            self.engine.wait(plan.flush)
+        sync = [j for j in plan.loads if j.sync]
+        for job in sync:
+            self._submit(job)
+        if sync:
+            self.engine.wait([j.job_id for j in sync])
+            self._sync_seconds += time.perf_counter() - t0
+        for job in plan.loads:
+            if not job.sync:
+                self._async_loads.setdefault(job.req_id, set()).add(job.job_id)
+                self._submit(job)
+        self._collect()
+        self._load_seconds += time.perf_counter() - t0
+
+    def end_forward(self) -> None:
+        """The forward pass is done: time it and queue this step's stores."""
+        self._forward_seconds = max(0.0, time.perf_counter() - self._t_begin - self._load_seconds)
+        for job in self._plan.stores:
+            self._submit(job)
+        self._plan = StepPlan()
+
+    def _submit(self, job: TransferJob) -> None:
+        self._inflight[job.job_id] = job
+        self.engine.submit(job)
+
+    def _collect(self) -> None:
+        """Take finished results; record the engine blocks of failed load chunks."""
+        bpc = self.engine.blocks_per_chunk
+        for r in self.engine.poll():
+            job = self._inflight.pop(r.job_id, None)
+            self._results.append(r)
+            if job is None or r.kind != "load" or r.all_ok:
+                continue
+            for ok, (_, blocks) in zip(r.ok, job.chunk_blocks(bpc), strict=True):
+                if not ok:
+                    self._load_errors.update(blocks)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def transfer_results(self, finished_req_ids: Iterable[str] = ()) -> tuple[set[str], set[str]]:
+        """``(finished sending, finished receiving)`` request ids, vLLM's get_finished."""
+        self._collect()
+        recving: set[str] = set()
+        for req_id, ids in list(self._async_loads.items()):
+            ids &= self._inflight.keys()
+            if not ids:
+                recving.add(req_id)
+                del self._async_loads[req_id]
+        sending: set[str] = set()
+        for req_id, ids in list(self._release.items()):
+            ids &= self._inflight.keys()
+            if not ids:
+                sending.add(req_id)
+                del self._release[req_id]
+        return sending, recving
+
+    def load_errors(self) -> set[int]:
+        """Engine block ids whose load failed since the last call."""
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def report(self) -> WorkerReport:
+        """Results and measurements since the last report."""
+        self._collect()
+        rep = WorkerReport(
+            self._results, self._forward_seconds, self._sync_seconds, self._bandwidth
+        )
+        self._results = []
+        self._forward_seconds = self._sync_seconds = 0.0
+        self._bandwidth = 0.0
+        return rep
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for every job in flight (shutdown, reset)."""
+        return self.engine.wait(self.engine.pending(), timeout=timeout)
+
+    def close(self) -> None:
+        self.drain(timeout=60)
+        self.engine.close()

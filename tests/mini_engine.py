@@ -1,0 +1,193 @@
+"""A tiny engine that drives kvtier's manager and worker sides the way vLLM does.
+
+KV is synthetic but exact: the KV bytes of token position p are a rolling hash of the
+token prefix [0, p], written into every layer and head. So the *oracle* KV of any request
+is known, and after each forward pass the engine checks that every token position the
+request attends to holds exactly the oracle KV. That is the "never a wrong token" check of
+the real engine, without a model.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvtier.config import KVTierConfig
+from kvtier.keys import Namespace
+from kvtier.layout import KVLayout
+from kvtier.manager import CacheManager, ScheduledRequest, TierView
+from kvtier.policies import make_eviction_policy
+from kvtier.sources import HitSource
+from kvtier.tiers import CpuSlab, FaultPlan, FaultyStore, SlotIndex
+from kvtier.transfer import KVRegions, TransferEngine
+from kvtier.worker import WorkerSide
+
+LAYERS, HEADS, HD2 = 2, 2, 4
+
+
+def oracle_kv(tokens: list[int]) -> list[int]:
+    h, out = 7, []
+    for t in tokens:
+        h = (h * 31 + t + 1) % 30011
+        out.append(h)
+    return out
+
+
+@dataclass
+class Req:
+    req_id: str
+    tokens: list[int]
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0
+    waiting_load: bool = False
+    done: bool = False
+    sync_hit: int = 0
+    async_hit: int = 0
+    sources: dict = field(default_factory=dict)
+
+
+class MiniEngine:
+    def __init__(
+        self,
+        config: KVTierConfig,
+        num_blocks=64,
+        block_tokens=4,
+        cpu_chunks=16,
+        fault: FaultPlan | None = None,
+        seed=0,
+    ):
+        self.bt = block_tokens
+        self.kv = [
+            torch.zeros(num_blocks, HEADS, block_tokens, HD2, dtype=torch.int16)
+            for _ in range(LAYERS)
+        ]
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+        layout = KVLayout.dense(LAYERS, HEADS, HD2 // 2, "int16")
+        index = SlotIndex(cpu_chunks, make_eviction_policy(config.eviction, cpu_chunks))
+        self.manager = CacheManager(
+            config,
+            layout,
+            Namespace("mini", layout.digest()),
+            block_tokens,
+            [TierView("cpu", HitSource.HOST, index)],
+        )
+        regions = KVRegions.from_tensors(self.kv, num_blocks)
+        store = CpuSlab(cpu_chunks, regions.chunk_bytes(self.manager.blocks_per_chunk))
+        self.store = FaultyStore(store, fault) if fault else store
+        engine = TransferEngine(regions, {"cpu": self.store}, self.manager.blocks_per_chunk)
+        self.worker = WorkerSide(engine)
+        self.reqs: dict[str, Req] = {}
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.held: dict[str, list[int]] = {}
+        self.steps = 0
+        self.wrong = 0
+        self.recomputed = 0
+
+    def add(self, req_id: str, tokens: list[int]) -> Req:
+        r = Req(req_id, list(tokens))
+        self.reqs[req_id] = r
+        self.waiting.append(r)
+        return r
+
+    def _write(self, r: Req, lo: int, hi: int) -> None:
+        kv = oracle_kv(r.tokens[:hi])
+        for p in range(lo, hi):
+            b, o = r.blocks[p // self.bt], p % self.bt
+            for t in self.kv:
+                t[b, :, o, :] = kv[p]
+
+    def _check(self, r: Req, upto: int) -> bool:
+        kv = oracle_kv(r.tokens[:upto])
+        for p in range(upto):
+            b, o = r.blocks[p // self.bt], p % self.bt
+            for t in self.kv:
+                if not bool((t[b, :, o, :] == kv[p]).all()):
+                    return False
+        return True
+
+    def step(self) -> None:
+        m = self.manager
+        scheduled: list[Req] = []
+        for r in list(self.waiting):
+            if r.waiting_load:
+                continue
+            if r.computed == 0 and not r.blocks:
+                hit = m.lookup(r.req_id, r.tokens, 0)
+                if hit is None:
+                    continue
+                n, is_async = m.plan_load(r.req_id, hit, len(r.tokens))
+                need = -(-len(r.tokens) // self.bt)
+                if need > len(self.free):
+                    continue
+                r.blocks = [self.free.pop() for _ in range(need)]
+                m.on_allocated(r.req_id, r.blocks, n, sync=not is_async)
+                r.sources = m.hit_sources(r.req_id, n)
+                r.computed = n
+                if is_async:
+                    r.async_hit = n
+                    r.waiting_load = True
+                    continue
+                r.sync_hit = n
+            self.waiting.remove(r)
+            scheduled.append(r)
+        plan = m.build_step(
+            [
+                ScheduledRequest(r.req_id, r.tokens, len(r.tokens), r.blocks, len(r.tokens))
+                for r in scheduled
+            ]
+        )
+        w = self.worker
+        w.begin_step(plan)
+        w.start_loads()
+        errors = w.load_errors()
+        for r in scheduled:
+            bad = [i for i, b in enumerate(r.blocks) if b in errors]
+            if bad and bad[0] * self.bt < r.computed:
+                # vLLM: truncate at the first failed block and recompute from there.
+                r.computed = bad[0] * self.bt
+                self.recomputed += 1
+            if not self._check(r, r.computed):
+                self.wrong += 1
+            self._write(r, r.computed, len(r.tokens))
+            r.computed = len(r.tokens)
+        w.end_forward()
+        sending, recving = w.transfer_results()
+        errors |= w.load_errors()
+        m.on_report(w.report())
+        for rid in recving:
+            r = self.reqs[rid]
+            r.waiting_load = False
+            bad = [i for i, b in enumerate(r.blocks) if b in errors]
+            if bad:
+                r.computed = min(r.computed, bad[0] * self.bt)
+                self.recomputed += 1
+            if r.computed == len(r.tokens):
+                r.computed -= 1  # a full hit recomputes its last token
+        for r in scheduled:
+            r.done = True
+            if m.request_finished(r.req_id, r.tokens, r.computed, r.blocks):
+                self.held[r.req_id] = r.blocks
+            else:
+                self.free.extend(r.blocks)
+            r.blocks = []
+        for rid in sending:
+            self.free.extend(self.held.pop(rid))
+        self.steps += 1
+
+    def run(self, max_steps=2000) -> None:
+        """Step until every request ran and every job finished."""
+        while (self.waiting or self.held or self.manager.has_pending_jobs()) and max_steps:
+            self.step()
+            # The fake forward pass is pure Python and never releases the GIL the way a
+            # real one does (inside every torch op); give the copy threads their turn.
+            time.sleep(0.0002)
+            max_steps -= 1
+        assert max_steps, "the engine did not drain"
+
+    def close(self) -> None:
+        self.worker.close()

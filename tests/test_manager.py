@@ -1,0 +1,116 @@
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.sources import HitSource
+from kvtier.tiers import FaultPlan
+from mini_engine import MiniEngine
+
+CFG = KVTierConfig(chunk_tokens=8, cpu_bytes=1 << 20, sync_budget=SyncBudget("fixed", 1 << 30))
+
+
+def run_one(engine, req_id, tokens):
+    r = engine.add(req_id, tokens)
+    engine.run()
+    return r
+
+
+def test_second_request_hits_host_sync_and_kv_is_exact():
+    e = MiniEngine(CFG)
+    try:
+        prompt = list(range(50))
+        first = run_one(e, "a", prompt)
+        assert first.sync_hit == first.async_hit == 0
+        e.run()  # let stores land
+        second = run_one(e, "b", prompt + [99, 98])
+        assert second.sync_hit == 48  # 6 chunks of 8 tokens
+        assert second.sources == {HitSource.HOST: 48}
+        assert e.wrong == 0
+    finally:
+        e.close()
+
+
+def test_budget_zero_loads_async():
+    e = MiniEngine(KVTierConfig(chunk_tokens=8, sync_budget=SyncBudget("off")))
+    try:
+        run_one(e, "a", list(range(40)))
+        r = run_one(e, "b", list(range(40)) + [1])
+        assert r.async_hit == 40 and r.sync_hit == 0
+        assert e.wrong == 0
+    finally:
+        e.close()
+
+
+def test_full_hit_sync_is_trimmed_by_one_token():
+    e = MiniEngine(CFG)
+    try:
+        run_one(e, "a", list(range(32)))
+        r = run_one(e, "b", list(range(32)))
+        assert r.sync_hit == 31
+        assert r.sources == {HitSource.HOST: 31}
+        assert e.wrong == 0
+    finally:
+        e.close()
+
+
+def test_per_step_budget_splits_a_batch():
+    # 16 tokens x 16 B/token... budget fits exactly one 16-token hit per step.
+    layout_bytes_per_token = 2 * 2 * 2 * 2 * 2  # layers*heads*head_dim*2(KV)*2B
+    cfg = KVTierConfig(chunk_tokens=8, sync_budget=SyncBudget("fixed", 16 * layout_bytes_per_token))
+    e = MiniEngine(cfg)
+    try:
+        for i in range(3):
+            run_one(e, f"warm{i}", [i] * 16 + [100 + i])
+        rs = [e.add(f"r{i}", [i] * 16 + [200 + i]) for i in range(3)]
+        e.step()
+        used = e.manager.metrics.observations.get("sync_budget_used_bytes", [])
+        assert [r.sync_hit for r in rs].count(16) == 1
+        assert [r.async_hit for r in rs].count(16) == 2
+        assert all(u <= 16 * layout_bytes_per_token for u in used)
+        e.run()
+        assert e.wrong == 0
+    finally:
+        e.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["off", "fixed", "tiny"]),
+    st.sampled_from([0.0, 0.2]),
+    st.sampled_from([0.0, 0.2]),
+    st.sampled_from(["lru", "arc"]),
+)
+def test_random_workloads_never_use_wrong_kv(seed, budget, read_fail, write_fail, policy):
+    rng = random.Random(seed)
+    sb = {
+        "off": SyncBudget("off"),
+        "fixed": SyncBudget("fixed", 1 << 30),
+        "tiny": SyncBudget("fixed", 8 * 32),
+    }[budget]
+    cfg = KVTierConfig(chunk_tokens=8, sync_budget=sb, eviction=policy)
+    fault = (
+        FaultPlan(seed=seed, read_fail_rate=read_fail, write_fail_rate=write_fail)
+        if (read_fail or write_fail)
+        else None
+    )
+    e = MiniEngine(cfg, num_blocks=96, cpu_chunks=10, fault=fault, seed=seed)
+    try:
+        prefixes = [[rng.randrange(50) for _ in range(rng.randrange(8, 40))] for _ in range(4)]
+        for i in range(14):
+            toks = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(0, 12))]
+            e.add(f"q{i}", toks)
+            if rng.random() < 0.5:
+                e.step()
+        e.run()
+        assert e.wrong == 0
+        assert not e.held and not e.manager.has_pending_jobs()
+        idx = e.manager.tiers[0].index
+        idx.check()
+        assert all(not ent.pins for ent in idx._entries.values()), "a pin leaked"
+        if fault and read_fail:
+            assert e.recomputed >= 0
+    finally:
+        e.close()

@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from kvtier.errors import ConfigError
+from kvtier.jobs import TransferJob
+from kvtier.tiers import CpuSlab
+from kvtier.transfer import KVRegions, TransferEngine
+
+
+def cpu_layout(num_blocks=20, heads=3, bt=4, hd2=8, layers=3, dtype=torch.bfloat16):
+    """vLLM CPU backend layout: per layer [blocks, kv_heads, block_size, 2*head_dim]."""
+    return [torch.randn(num_blocks, heads, bt, hd2).to(dtype) for _ in range(layers)]
+
+
+def test_regions_from_cpu_layout():
+    kv = cpu_layout()
+    r = KVRegions.from_tensors(kv, num_blocks=20)
+    assert len(r.regions) == 3
+    assert r.row_bytes == [3 * 4 * 8 * 2] * 3
+    assert r.block_bytes == 3 * 192
+
+
+def test_regions_from_split_kv_layout():
+    # FlashAttention-style [2, blocks, block_size, heads, head_dim]: two regions per layer.
+    kv = [torch.randn(2, 20, 4, 3, 8) for _ in range(2)]
+    r = KVRegions.from_tensors(kv, num_blocks=20)
+    assert len(r.regions) == 4
+    assert r.row_bytes == [4 * 3 * 8 * 4] * 4
+
+
+def test_regions_reject_ambiguous_or_sparse():
+    with pytest.raises(ConfigError, match="block dimension"):
+        KVRegions.from_tensors([torch.zeros(5, 5)], num_blocks=5)
+    t = torch.zeros(20, 4, 8).transpose(1, 2)
+    with pytest.raises(ConfigError, match="not dense"):
+        KVRegions.from_tensors([t], num_blocks=20)
+
+
+def block_bytes(kv, b):
+    return torch.cat([t[b].reshape(-1).view(torch.uint8) for t in kv])
+
+
+def test_store_then_load_moves_exact_bytes_across_layouts():
+    kv = cpu_layout()
+    regions = KVRegions.from_tensors(kv, num_blocks=20)
+    bpc = 3
+    slab = CpuSlab(8, regions.chunk_bytes(bpc))
+    eng = TransferEngine(regions, {"cpu": slab}, bpc)
+    try:
+        src_blocks = [0, 1, 2, 7, 9, 8]  # two chunks: one contiguous run, one scattered
+        before = [block_bytes(kv, b).clone() for b in src_blocks]
+        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"k1", b"k2"], [5, 2], src_blocks))
+        assert eng.wait([1], timeout=10)
+        # load both chunks whole (scattered destination), then chunk 2 skipping its first block
+        dst = [10, 11, 12, 14, 13, 17]
+        eng.submit(TransferJob(2, "r", "load", "cpu", True, [b"k1", b"k2"], [5, 2], dst))
+        eng.submit(TransferJob(3, "r", "load", "cpu", False, [b"k2"], [2], [15, 16], skip=1))
+        assert eng.wait([2, 3], timeout=10)
+        results = {r.job_id: r for r in eng.poll()}
+        assert all(r.all_ok for r in results.values())
+        assert results[1].nbytes == 6 * regions.block_bytes
+        for i, b_dst in enumerate(dst):
+            assert torch.equal(block_bytes(kv, b_dst), before[i])
+        assert torch.equal(block_bytes(kv, 15), before[4])
+        assert torch.equal(block_bytes(kv, 16), before[5])
+    finally:
+        eng.close()
+
+
+def test_job_exception_fails_the_job_not_the_engine():
+    kv = cpu_layout()
+    regions = KVRegions.from_tensors(kv, num_blocks=20)
+    eng = TransferEngine(regions, {"cpu": CpuSlab(2, regions.chunk_bytes(1))}, 1)
+    try:
+        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"k"], [99], [0]))  # bad slot
+        eng.submit(TransferJob(2, "r", "store", "cpu", False, [b"k"], [1], [0]))
+        assert eng.wait([1, 2], timeout=10)
+        res = {r.job_id: r.all_ok for r in eng.poll()}
+        assert res == {1: False, 2: True}
+    finally:
+        eng.close()
+
+
+def test_calibrate_reports_bandwidth():
+    kv = cpu_layout()
+    eng = TransferEngine(KVRegions.from_tensors(kv, num_blocks=20), {}, 2)
+    try:
+        bw = eng.calibrate(nbytes=4 << 20)
+        assert bw > 1e8
+    finally:
+        eng.close()
