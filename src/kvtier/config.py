@@ -97,6 +97,11 @@ class KVTierConfig:
     """Also store chunks made of generated tokens, when the request finishes (multi-turn chat
     re-sends the previous answer as part of the next prompt)."""
 
+    fault_injection: Mapping[str, Any] | None = None
+    """Testing only: make tier reads/writes fail on purpose, e.g. {"seed": 1,
+    "read_fail_rate": 0.2} or {"fail_all_reads": true}. Keys: seed, read_fail_rate,
+    write_fail_rate, fail_all_reads, fail_all_writes. None (default) injects nothing."""
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
         """Build a config from a mapping; raise ConfigError on unknown keys or bad values."""
@@ -168,6 +173,38 @@ def _opt_path(value: object, name: str) -> str | None:
     raise ConfigError(f"{name}: expected a directory path or null, got {value!r}")
 
 
+_FAULT_KEYS = {
+    "seed": int,
+    "read_fail_rate": float,
+    "write_fail_rate": float,
+    "fail_all_reads": bool,
+    "fail_all_writes": bool,
+}
+
+
+def _faults(value: object, name: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name}: expected a mapping or null, got {value!r}")
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        kind = _FAULT_KEYS.get(key)
+        if kind is None:
+            raise ConfigError(
+                f"{name}: unknown key {key!r}; accepted keys: {', '.join(sorted(_FAULT_KEYS))}"
+            )
+        if kind is float and isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not 0.0 <= float(v) <= 1.0:
+                raise ConfigError(f"{name}.{key}: must be within [0, 1], got {v!r}")
+            out[key] = float(v)
+        elif isinstance(v, kind) and not (kind is int and isinstance(v, bool)):
+            out[key] = v
+        else:
+            raise ConfigError(f"{name}.{key}: expected {kind.__name__}, got {v!r}")
+    return out
+
+
 def _text(value: object, name: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{name}: expected a string, got {value!r}")
@@ -186,4 +223,5 @@ _PARSERS: dict[str, Any] = {
     "disk_threads": _int(1),
     "namespace": _text,
     "store_output_tokens": _bool,
+    "fault_injection": _faults,
 }

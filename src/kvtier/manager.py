@@ -15,6 +15,7 @@ enough: an ancestor of a pinned chunk has a child and eviction only takes leaves
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -148,6 +149,9 @@ class CacheManager:
         # Stores planned when a request finished; its blocks stay allocated until they run.
         self._finish_stores: list[TransferJob] = []
         self._being_loaded: dict[Key, int] = {}
+        self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
+        """The last requests' hit sources (inspection and tests)."""
+        self.steps = 0
 
     # -- requests --------------------------------------------------------------------------
 
@@ -293,7 +297,9 @@ class CacheManager:
         req = self._reqs.get(req_id)
         if req is None or num_external <= 0:
             return {}
-        return hit_sources([req.load_runs], req.load_start, req.load_start + num_external)
+        out = hit_sources([req.load_runs], req.load_start, req.load_start + num_external)
+        self.recent_hit_sources.append((req_id, out))
+        return out
 
     def _new_job(
         self, req: _Request, job: TransferJob, pinned: list[tuple[SlotIndex, Key]] | None = None

@@ -49,12 +49,17 @@ class WorkerSide:
         for req_id, ids in plan.release.items():
             self._release[req_id] = set(ids) & (self._inflight.keys() | this_step)
 
+    def flush(self, job_ids: Iterable[int]) -> None:
+        """Wait for jobs whose engine blocks are about to be reused (preempted requests)."""
+        ids = list(job_ids)
+        if ids:
+            self.engine.wait(ids)
+
     def start_loads(self) -> None:
         """Flush, then sync loads (waited for), then async loads (queued)."""
         t0 = time.perf_counter()
         plan = self._plan
-        if plan.flush:
-            self.engine.wait(plan.flush)
+        self.flush(plan.flush)
         sync = [j for j in plan.loads if j.sync]
         for job in sync:
             self._submit(job)

@@ -1,0 +1,108 @@
+"""Shared helpers of the kvtier benchmarks: machine info, timing statistics, tables, JSON.
+
+Imported as ``common`` by the benchmark scripts, which are run as files
+(``.venv/bin/python benchmarks/<name>.py``), so this directory is on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo ("unknown" where it is not readable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info(**extra: Any) -> dict[str, Any]:
+    """Platform, Python, torch and CPU facts for the results JSON."""
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+    }
+    with contextlib.suppress(AttributeError, OSError):
+        info["cpu_affinity"] = len(os.sched_getaffinity(0))
+    info.update(extra)
+    return info
+
+
+def stats_ns(samples: Sequence[int]) -> dict[str, float]:
+    """Median / min / p90 / mean of nanosecond samples, in microseconds."""
+    xs = sorted(samples)
+    p90 = xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+    return {
+        "median_us": statistics.median(xs) / 1e3,
+        "min_us": xs[0] / 1e3,
+        "p90_us": p90 / 1e3,
+        "mean_us": statistics.fmean(xs) / 1e3,
+        "n": float(len(xs)),
+    }
+
+
+def fmt_time_us(us: float) -> str:
+    """A duration given in microseconds, in a readable unit."""
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f} ms"
+    return f"{us:.2f} us"
+
+
+def fmt_bytes(n: int) -> str:
+    """1024-based size text: 4 KiB, 1 MiB, ..."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
+    """A plain aligned text table (first column left-aligned, the others right-aligned)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        parts = [
+            row[i].ljust(widths[i]) if i == 0 else row[i].rjust(widths[i]) for i in range(len(row))
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = []
+    if title:
+        out.append(title)
+    out.append(line(cells[0]))
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in cells[1:])
+    return "\n".join(out)
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON to ``path`` (no-op when ``path`` is None)."""
+    if not path:
+        return
+    p = Path(path)
+    if p.parent != Path():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    print(f"\nresults written to {p}")

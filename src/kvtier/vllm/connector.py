@@ -1,0 +1,342 @@
+"""``KVTierConnector``: kvtier as a vLLM v1 KV connector (scheduler and worker roles).
+
+A thin adapter. The scheduler role maps vLLM's calls onto :class:`kvtier.manager.CacheManager`
+(keys, lookups, sync/async load plans, stores, hit sources); the worker role maps them onto
+:class:`kvtier.worker.WorkerSide` (copies). What crosses between them is kvtier's own
+plain-data ``StepPlan`` and ``WorkerReport``.
+
+Step timeline on a worker:
+
+- ``handle_preemptions``: finish stores that read blocks of preempted requests;
+- ``bind_connector_metadata``: the step's plan arrives;
+- ``start_load_kv``: sync loads run to completion on the expedited queue (vLLM calls this
+  before the forward pass whenever the step has sync loads); async loads are queued on the
+  normal queue. Sync loads are not overlapped layer by layer with compute: vLLM may write
+  the step's new KV into a loaded block before the attention that reads it, so a load still
+  running then could overwrite it; ``wait_for_layer_load`` is therefore a no-op;
+- the forward pass;
+- ``wait_for_save``: this step's stores are queued (they read KV this forward wrote);
+- ``get_finished``: async loads done (``finished_recving``), finished requests whose blocks
+  kvtier held until their stores ran (``finished_sending``);
+- ``get_block_ids_with_load_errors``: engine blocks whose load failed; vLLM recomputes them
+  (kvtier sets ``kv_load_failure_policy="recompute"``: a cache miss is never an error).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvtier.config import KVTierConfig
+from kvtier.errors import ConfigError
+from kvtier.keys import Namespace
+from kvtier.layout import AttentionKind, KVGroup, KVLayout
+from kvtier.manager import CacheManager, ScheduledRequest, TierView, resolve_chunk_tokens
+from kvtier.metrics import Metrics
+from kvtier.policies.eviction import make_eviction_policy
+from kvtier.sources import HitSource
+from kvtier.tiers.base import SlotStore
+from kvtier.tiers.cpu import CpuSlab
+from kvtier.tiers.faulty import FaultPlan, FaultyStore
+from kvtier.tiers.index import SlotIndex
+from kvtier.transfer.engine import TransferEngine
+from kvtier.transfer.regions import KVRegions
+from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
+from kvtier.vllm.stats import KVTierPromMetrics, KVTierStats
+from kvtier.worker import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger("kvtier")
+
+
+def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
+    """kvtier's KVLayout of a vLLM KV-cache config (attention groups only)."""
+    groups = []
+    for g in kv_cache_config.kv_cache_groups:
+        spec: Any = g.kv_cache_spec
+        if not hasattr(spec, "num_kv_heads"):
+            raise ConfigError(f"KVTierConnector: unsupported KV cache spec {type(spec).__name__}")
+        window = getattr(spec, "sliding_window", None)
+        kind = AttentionKind.SLIDING if window else AttentionKind.FULL
+        groups.append(
+            KVGroup(
+                kind,
+                len(g.layer_names),
+                spec.num_kv_heads,
+                spec.head_size,
+                str(spec.dtype),
+                window=window or 0,
+            )
+        )
+    return KVLayout(tuple(groups))
+
+
+class _Setup:
+    """What both roles derive identically from the vLLM config."""
+
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
+        assert vllm_config.kv_transfer_config is not None
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        self.config = KVTierConfig.from_dict(extra)
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise ConfigError(
+                "KVTierConnector supports models with one KV-cache group; this model has "
+                f"{len(kv_cache_config.kv_cache_groups)} (run with "
+                "--disable-hybrid-kv-cache-manager)"
+            )
+        self.layout = kv_layout(kv_cache_config)
+        self.block_tokens = vllm_config.cache_config.block_size
+        self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens, self.layout)
+        self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
+        self.chunk_bytes = self.layout.chunk_bytes(self.chunk_tokens)
+        self.num_slots = self.config.cpu_bytes // self.chunk_bytes
+        par = vllm_config.parallel_config
+        model = vllm_config.model_config
+        self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
+        self.namespace = Namespace(
+            model=f"{model.model}@{model.revision or ''}",
+            layout_digest=self.layout.digest(),
+            parallel=f"tp{par.tensor_parallel_size}pp{par.pipeline_parallel_size}",
+            extra=self.config.namespace,
+        )
+
+
+class KVTierConnector(KVConnectorBase_V1):
+    """Tiered KV offloading for vLLM (see the module docstring)."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.setup = _Setup(vllm_config, kv_cache_config)
+        self.manager: CacheManager | None = None
+        self.worker: WorkerSide | None = None
+        self._requests: dict[str, Request] = {}
+        self._planned_async: dict[str, bool] = {}
+        self.totals = Metrics()
+        """Everything reported since start (the interval metrics go to vLLM's stats)."""
+        if role == KVConnectorRole.SCHEDULER:
+            s = self.setup
+            index = SlotIndex(s.num_slots, make_eviction_policy(s.config.eviction, s.num_slots))
+            self.manager = CacheManager(
+                s.config,
+                s.layout,
+                s.namespace,
+                s.block_tokens,
+                [TierView("cpu", HitSource.HOST, index)],
+                num_workers=s.world_size,
+                defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
+            )
+            kvt = self._kv_transfer_config
+            if kvt.kv_load_failure_policy != "recompute":
+                # A tier miss or failed copy must mean "recompute", never a failed request.
+                log.info("kvtier: setting kv_load_failure_policy='recompute'")
+                kvt.kv_load_failure_policy = "recompute"
+            log.info(
+                "kvtier: CPU tier %d slots x %d tokens (%d bytes), sync budget %s",
+                s.num_slots,
+                s.chunk_tokens,
+                s.chunk_bytes,
+                s.config.sync_budget,
+            )
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a dropped store is a future miss
+
+    # == scheduler side ===================================================================
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        assert self.manager is not None
+        lora = request.lora_request.lora_name if request.lora_request else None
+        hit = self.manager.lookup(
+            request.request_id,
+            request.all_token_ids,
+            num_computed_tokens,
+            cache_salt=request.cache_salt,
+            lora=lora,
+        )
+        if hit is None:
+            return None, False
+        n, is_async = self.manager.plan_load(request.request_id, hit, request.num_tokens)
+        self._planned_async[request.request_id] = is_async
+        return n, is_async and n > 0
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        assert self.manager is not None
+        req_id = request.request_id
+        self._requests[req_id] = request
+        is_async = self._planned_async.pop(req_id, False)
+        if num_external_tokens > 0:
+            (block_ids,) = blocks.get_block_ids()
+            self.manager.on_allocated(req_id, block_ids, num_external_tokens, sync=not is_async)
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        assert self.manager is not None
+        got = self.manager.hit_sources(request.request_id, num_external_tokens)
+        return {CacheHitSource(src.label): n for src, n in got.items()}
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self.manager is not None and self._kv_cache_manager is not None
+        scheduled = []
+        num_sched = scheduler_output.num_scheduled_tokens
+        for req_id, n in num_sched.items():
+            request = self._requests.get(req_id)
+            if request is None:
+                continue
+            (block_ids,) = self._kv_cache_manager.get_block_ids(req_id)
+            scheduled.append(
+                ScheduledRequest(
+                    req_id,
+                    request.all_token_ids,
+                    request.num_computed_tokens + n,
+                    block_ids,
+                    request.num_prompt_tokens,
+                )
+            )
+        plan = self.manager.build_step(scheduled, scheduler_output.preempted_req_ids or ())
+        if log.isEnabledFor(logging.DEBUG) and not plan.is_empty():
+            log.debug(
+                "kvtier step: loads sync=%d async=%d stores=%d flush=%d budget %d/%d B",
+                sum(j.sync for j in plan.loads),
+                sum(not j.sync for j in plan.loads),
+                len(plan.stores),
+                len(plan.flush),
+                self.manager.budget.used,
+                self.manager.budget.limit,
+            )
+        return KVTierMetadata(plan)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        assert self.manager is not None
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, KVTierWorkerMetadata):
+            self.manager.on_report(meta.report)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self.manager is not None
+        req_id = request.request_id
+        self._requests.pop(req_id, None)
+        self._planned_async.pop(req_id, None)
+        delay = self.manager.request_finished(
+            req_id, request.all_token_ids, request.num_computed_tokens, block_ids
+        )
+        return delay, None
+
+    def reset_cache(self) -> bool | None:
+        return self.manager.reset() if self.manager is not None else None
+
+    def get_kv_connector_stats(self) -> KVTierStats | None:
+        if self.manager is None:
+            return None
+        m = self.manager.metrics.take()
+        if m.is_empty():
+            return None
+        self.totals.merge(m)
+        return KVTierStats.of(m)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVTierStats | None:
+        return KVTierStats(data=data) if data is not None else KVTierStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: Any,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVTierPromMetrics:
+        return KVTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    # == worker side ======================================================================
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        s = self.setup
+        regions = KVRegions.from_tensors(kv_caches, self._kv_cache_config.num_blocks)
+        slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
+        if slot_bytes != s.chunk_bytes:
+            log.warning(
+                "kvtier: engine chunk is %d bytes, geometry says %d; using the engine's",
+                slot_bytes,
+                s.chunk_bytes,
+            )
+        store: SlotStore = CpuSlab(s.num_slots, slot_bytes)
+        if s.config.fault_injection:
+            store = FaultyStore(store, FaultPlan(**s.config.fault_injection))
+        engine = TransferEngine(regions, {"cpu": store}, s.blocks_per_chunk)
+        self.worker = WorkerSide(engine)
+        log.info(
+            "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s",
+            len(regions.regions),
+            slot_bytes,
+            (engine.load_bandwidth or 0) / 1e9,
+        )
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if self.worker is not None and isinstance(kv_connector_metadata, KVTierMetadata):
+            self.worker.flush(kv_connector_metadata.plan.flush)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self.worker is not None and isinstance(connector_metadata, KVTierMetadata):
+            self.worker.begin_step(connector_metadata.plan)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        if self.worker is not None:
+            self.worker.start_loads()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # sync loads finished in start_load_kv (see the module docstring)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # stores are whole chunks, queued once per step in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self.worker is not None:
+            self.worker.end_forward()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.worker is None:
+            return None, None
+        sending, recving = self.worker.transfer_results(finished_req_ids)
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.load_errors() if self.worker is not None else set()
+
+    def build_connector_worker_meta(self) -> KVTierWorkerMetadata | None:
+        if self.worker is None:
+            return None
+        return KVTierWorkerMetadata(self.worker.report())
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
