@@ -76,7 +76,7 @@ class MiniEngine:
             [TierView("cpu", HitSource.HOST, index)],
         )
         regions = KVRegions.from_tensors(self.kv, num_blocks)
-        store = CpuSlab(cpu_chunks, regions.chunk_bytes(self.manager.blocks_per_chunk))
+        store = CpuSlab(cpu_chunks, regions.row_bytes, self.manager.blocks_per_chunk)
         self.store = FaultyStore(store, fault) if fault else store
         engine = TransferEngine(regions, {"cpu": self.store}, self.manager.blocks_per_chunk)
         self.worker = WorkerSide(engine)

@@ -80,6 +80,7 @@ class _Request:
     load_start: int = 0
     jobs: set[int] = field(default_factory=set)
     finished: bool = False
+    observed: bool = False
 
 
 @dataclass
@@ -148,7 +149,8 @@ class CacheManager:
         self._pending_release: dict[str, list[int]] = {}
         # Stores planned when a request finished; its blocks stay allocated until they run.
         self._finish_stores: list[TransferJob] = []
-        self._being_loaded: dict[Key, int] = {}
+        # Async loads in flight: job id -> (first chunk, end chunk, the chain's keys).
+        self._loading: dict[int, tuple[int, int, list[Key]]] = {}
         self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
         """The last requests' hit sources (inspection and tests)."""
         self.steps = 0
@@ -187,7 +189,9 @@ class CacheManager:
         if len(keys) <= first:
             req.hit = None
             return Hit(num_computed, num_computed, ())
-        self.admission.observe(keys[first:])
+        if not req.observed:
+            req.observed = True
+            self.admission.observe(keys)
         runs: list[tuple[str, int, int]] = []
         covered = 0
         for tier in self.tiers:
@@ -201,16 +205,21 @@ class CacheManager:
             return Hit(num_computed, num_computed, ())
         runs = [r for r in runs if r[2] > r[1]]
         hit = Hit(num_computed, end_tokens, tuple(runs))
-        loading = self._being_loaded
-        if (
-            self.defer_on_inflight_loads
-            and loading
-            and not loading.keys().isdisjoint(keys[first:covered])
-        ):
+        if self.defer_on_inflight_loads and self._overlaps_loading(keys, first, covered):
             return None
         req.hit = hit
         self.metrics.inc("lookup_tokens", max(0, len(tokens) - num_computed))
         return hit
+
+    def _overlaps_loading(self, keys: Sequence[Key], first: int, end: int) -> bool:
+        """Whether chunks ``[first, end)`` of this chain are being loaded asynchronously for
+        another request. Chained keys make one comparison per in-flight load enough: two
+        chains hold the same chunk i exactly when their keys at i are equal."""
+        for c0, c1, other in self._loading.values():
+            i = max(first, c0)
+            if i < min(end, c1) and keys[i] == other[i]:
+                return True
+        return False
 
     def plan_load(self, req_id: str, hit: Hit, num_tokens: int) -> tuple[int, bool]:
         """Decide how a hit loads: ``(external tokens, load asynchronously)``.
@@ -270,7 +279,7 @@ class CacheManager:
                     f"request {req_id}: {len(block_ids)} blocks allocated, the hit needs {c1 * bpc}"
                 )
             index = tier.index
-            slots = [index.slot_of(k) for k in chunk_keys]
+            slots = index.slots_of(chunk_keys)
             deepest = chunk_keys[-1]
             index.pin([deepest])
             index.touch([deepest])
@@ -282,8 +291,7 @@ class CacheManager:
                 pinned=[(index, deepest)],
             )
             if not sync:
-                for k in chunk_keys:
-                    self._being_loaded[k] = self._being_loaded.get(k, 0) + 1
+                self._loading[job.job_id] = (c0, c1, keys)
             self._pending_loads.append(job)
             mode = "sync" if sync else "async"
             self.metrics.inc("loads", 1, tier_name, mode)
@@ -418,13 +426,7 @@ class CacheManager:
         if job.kind == "load":
             for index, key in entry.pinned:
                 index.unpin([key])
-            if not job.sync:
-                for k in job.keys:
-                    left = self._being_loaded.get(k, 0) - 1
-                    if left > 0:
-                        self._being_loaded[k] = left
-                    else:
-                        self._being_loaded.pop(k, None)
+            self._loading.pop(job.job_id, None)
             if failed:
                 first_bad = result.ok.index(False)
                 tier.index.invalidate(job.keys[first_bad])

@@ -1,9 +1,21 @@
-"""CPU tier: one preallocated host slab of fixed-size slots."""
+"""CPU tier: one preallocated host slab of fixed-size slots.
+
+Layout: *region-major*. The engine's KV is a list of byte regions (``KVRegions``: one per
+layer, or per layer and K/V), each ``num_blocks`` rows of ``row_bytes[r]``. The slab mirrors
+that: region r is a contiguous array of ``num_slots * blocks_per_chunk`` rows, and chunk
+slot s owns rows ``s * bpc .. s * bpc + bpc - 1`` of every region. A run of consecutive
+slots is then one contiguous block of rows per region, so moving a request's chain costs
+one batched gather (store) or scatter (load) per region, not one copy per block.
+
+A chunk's *payload* (what the SlotStore contract and other tiers see) is region-major too:
+region 0's rows of the chunk, then region 1's, ...
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kvtier.keys import Key
@@ -12,42 +24,75 @@ from kvtier.sources import HitSource
 from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.slot_tier import SlotTier
-from kvtier.transfer.copy import copy_segments
+from kvtier.transfer.copy import copy_segments, gather_rows, scatter_rows
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
 
 
 class CpuSlab(SlotStore):
-    """``num_slots`` x ``slot_bytes`` bytes of host memory, allocated once.
+    """``num_slots`` chunks of host memory, allocated (and pre-faulted) once.
 
-    Pinned when CUDA is present (asynchronous device copies), plain otherwise. Copies of a
-    batch go out in one batched call. Memory copies cannot fail, so every chunk succeeds;
-    the per-chunk result exists for the contract's sake.
+    Pinned when CUDA is present (asynchronous device copies), plain otherwise. Memory
+    copies cannot fail, so every chunk succeeds; the per-chunk result exists for the
+    contract's sake.
     """
 
-    def __init__(self, num_slots: int, slot_bytes: int, buffer: torch.Tensor | None = None):
+    def __init__(
+        self,
+        num_slots: int,
+        row_bytes: Sequence[int],
+        blocks_per_chunk: int = 1,
+        buffer: torch.Tensor | None = None,
+    ) -> None:
         self.num_slots = num_slots
-        self.slot_bytes = slot_bytes
-        nbytes = num_slots * slot_bytes
+        self.row_bytes = list(row_bytes)
+        self.blocks_per_chunk = bpc = blocks_per_chunk
+        self.slot_bytes = bpc * sum(self.row_bytes)
+        nbytes = num_slots * self.slot_bytes
         self.flat = buffer if buffer is not None else alloc_host_buffer(nbytes)
         if self.flat.numel() < nbytes or self.flat.dtype != torch.uint8:
             raise ValueError("CpuSlab: buffer too small or not uint8")
+        self.regions: list[torch.Tensor] = []
+        """Region r as a 2-D ``[num_slots * bpc, row_bytes[r]]`` view."""
+        self._payload_offsets: list[int] = []
+        base = pay = 0
+        for rb in self.row_bytes:
+            size = num_slots * bpc * rb
+            self.regions.append(self.flat.narrow(0, base, size).view(num_slots * bpc, rb))
+            self._payload_offsets.append(pay)
+            base += size
+            pay += bpc * rb
+        self._arrays = [r.numpy() for r in self.regions] if not self.flat.is_cuda else []
         self._non_blocking = cuda_available()
 
-    def slot_view(self, slot: int) -> torch.Tensor:
-        """The bytes of one slot (a view; tests and tools)."""
-        return self.flat.narrow(0, slot * self.slot_bytes, self.slot_bytes)
+    @classmethod
+    def flat_chunks(cls, num_slots: int, chunk_bytes: int) -> CpuSlab:
+        """A slab whose chunks are plain ``chunk_bytes`` byte strings (one region)."""
+        return cls(num_slots, [chunk_bytes], 1)
+
+    # -- the generic SlotStore path ---------------------------------------------------------
 
     def _views(
         self, slots: Sequence[int], segs: Sequence[Segments]
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Slab views matching each segment, split where a segment crosses regions."""
         slab_views: list[torch.Tensor] = []
         seg_views: list[torch.Tensor] = []
-        flat, sb = self.flat, self.slot_bytes
+        bpc = self.blocks_per_chunk
+        offsets = self._payload_offsets
         for slot, chunk in zip(slots, segs, strict=True):
-            base = slot * sb
             for off, seg in chunk:
-                slab_views.append(flat.narrow(0, base + off, seg.numel()))
-                seg_views.append(seg)
+                flat_seg = seg.reshape(-1)
+                done, total = 0, flat_seg.numel()
+                while done < total:
+                    p = off + done
+                    r = _region_of(offsets, p)
+                    rb = self.row_bytes[r]
+                    in_region = p - offsets[r]
+                    n = min(total - done, bpc * rb - in_region)
+                    region_flat = self.regions[r].view(-1)
+                    slab_views.append(region_flat.narrow(0, slot * bpc * rb + in_region, n))
+                    seg_views.append(flat_seg.narrow(0, done, n))
+                    done += n
         return slab_views, seg_views
 
     def read(
@@ -64,11 +109,47 @@ class CpuSlab(SlotStore):
         copy_segments(slab_views, seg_views, non_blocking=self._non_blocking)
         return [True] * len(slots)
 
+    # -- the batched path --------------------------------------------------------------------
+
+    def supports_rows(self, engine_regions: Sequence[torch.Tensor]) -> bool:
+        """Whether :meth:`load_rows`/:meth:`store_rows` can serve these engine regions."""
+        return (
+            bool(self._arrays)
+            and len(engine_regions) == len(self.regions)
+            and all(
+                not e.is_cuda and e.shape[1] == s.shape[1]
+                for e, s in zip(engine_regions, self.regions, strict=True)
+            )
+        )
+
+    def store_rows(
+        self, engine_regions: Sequence[torch.Tensor], slab_row: int, blocks: torch.Tensor
+    ) -> None:
+        """Gather engine rows ``blocks`` into slab rows ``slab_row ..`` of every region."""
+        n = blocks.numel()
+        for eng, slab in zip(engine_regions, self.regions, strict=True):
+            gather_rows(slab.narrow(0, slab_row, n), eng, blocks)
+
+    def load_rows(
+        self, engine_arrays: Sequence[np.ndarray], slab_row: int, blocks: np.ndarray
+    ) -> None:
+        """Scatter slab rows ``slab_row ..`` of every region into engine rows ``blocks``."""
+        n = blocks.size
+        for eng, slab in zip(engine_arrays, self._arrays, strict=True):
+            scatter_rows(eng, blocks, slab[slab_row : slab_row + n])
+
+
+def _region_of(offsets: list[int], p: int) -> int:
+    r = 0
+    while r + 1 < len(offsets) and offsets[r + 1] <= p:
+        r += 1
+    return r
+
 
 class CpuTier(SlotTier):
-    """The CPU tier in one process: a SlotIndex over a CpuSlab."""
+    """The CPU tier in one process: a SlotIndex over a CpuSlab of plain chunks."""
 
     def __init__(self, capacity_bytes: int, chunk_bytes: int, eviction: str = "lru") -> None:
         num_slots = capacity_bytes // chunk_bytes if chunk_bytes else 0
         index = SlotIndex(num_slots, make_eviction_policy(eviction, num_slots))
-        super().__init__("cpu", HitSource.HOST, index, CpuSlab(num_slots, chunk_bytes))
+        super().__init__("cpu", HitSource.HOST, index, CpuSlab.flat_chunks(num_slots, chunk_bytes))

@@ -75,6 +75,11 @@ class SlotIndex:
     def slot_of(self, key: Key) -> int:
         return self._entries[key].slot
 
+    def slots_of(self, keys: Sequence[Key]) -> list[int]:
+        """Slots of present keys (KeyError for an absent one)."""
+        entries = self._entries
+        return [entries[k].slot for k in keys]
+
     def ready_keys(self) -> list[Key]:
         return [k for k, e in self._entries.items() if e.state == READY and not e.doomed]
 

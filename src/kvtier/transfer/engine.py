@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvtier.jobs import JobResult, TransferJob
@@ -123,10 +124,7 @@ class TransferEngine:
         queue threads only run copies, which release the GIL.
         """
         try:
-            bpc = self.blocks_per_chunk
-            prepared: Any = [
-                self.regions.segments(ids, first, bpc) for first, ids in job.chunk_blocks(bpc)
-            ]
+            prepared: Any = self.plan(job)
         except Exception:
             log.exception("kvtier: cannot plan transfer job %d", job.job_id)
             prepared = None
@@ -171,20 +169,52 @@ class TransferEngine:
 
     # -- execution ---------------------------------------------------------------------------
 
-    def _execute(self, job: TransferJob, segs: Any, ctx: Any) -> JobResult:
-        stream, ready = ctx
-        if segs is None:
-            raise ValueError(f"job {job.job_id} has no valid copy plan")
+    def plan(self, job: TransferJob) -> tuple[str, Any]:
+        """How to copy a job: ``("rows", runs)`` when the store can move whole rows of
+        consecutive slots in one batched call per region, else ``("segments", views)``."""
+        bpc = self.blocks_per_chunk
         store = self.stores[job.tier]
+        supports_rows = getattr(store, "supports_rows", None)
+        if supports_rows is not None and supports_rows(self.regions.rows):
+            runs: list[tuple[int, Any]] = []
+            pos = 0
+            i = 0
+            n = len(job.slots)
+            while i < n:
+                j = i + 1
+                while j < n and job.slots[j] == job.slots[j - 1] + 1:
+                    j += 1
+                first = job.skip if i == 0 else 0
+                count = (j - i) * bpc - first
+                ids = job.block_ids[pos : pos + count]
+                blocks = (
+                    np.asarray(ids, dtype=np.int64)
+                    if job.kind == "load"
+                    else (torch.tensor(ids, dtype=torch.int64))
+                )
+                runs.append((job.slots[i] * bpc + first, blocks))
+                pos += count
+                i = j
+            if pos != len(job.block_ids):
+                raise ValueError(f"job {job.job_id}: block ids do not match its chunks")
+            return "rows", runs
+        return "segments", [
+            self.regions.segments(ids, first, bpc) for first, ids in job.chunk_blocks(bpc)
+        ]
+
+    def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult:
+        stream, ready = ctx
+        if prepared is None:
+            raise ValueError(f"job {job.job_id} has no valid copy plan")
         t0 = time.perf_counter()
-        nbytes = sum(seg.numel() for chunk in segs for _, seg in chunk)
+        nbytes = len(job.block_ids) * self.regions.block_bytes
         if stream is not None:
             with torch.cuda.stream(stream):
                 stream.wait_event(ready)
-                ok = self._move(store, job, segs)
+                ok = self.run_plan(job, prepared)
                 stream.synchronize()
         else:
-            ok = self._move(store, job, segs)
+            ok = self.run_plan(job, prepared)
         return JobResult(
             job.job_id,
             job.req_id,
@@ -196,11 +226,20 @@ class TransferEngine:
             time.perf_counter() - t0,
         )
 
-    @staticmethod
-    def _move(store: SlotStore, job: TransferJob, segs: Any) -> list[bool]:
+    def run_plan(self, job: TransferJob, prepared: tuple[str, Any]) -> list[bool]:
+        """Execute a plan from :meth:`plan` on the calling thread (the queues' data path)."""
+        store: Any = self.stores[job.tier]
+        how, plan = prepared
+        if how == "rows":
+            for slab_row, blocks in plan:
+                if job.kind == "load":
+                    store.load_rows(self.regions.arrays, slab_row, blocks)
+                else:
+                    store.store_rows(self.regions.rows, slab_row, blocks)
+            return [True] * len(job.keys)
         if job.kind == "load":
-            return store.read(job.slots, job.keys, segs)
-        return store.write(job.slots, job.keys, segs)
+            return list(store.read(job.slots, job.keys, plan))
+        return list(store.write(job.slots, job.keys, plan))
 
     # -- calibration -------------------------------------------------------------------------
 

@@ -31,6 +31,12 @@ class KVRegions:
         self.row_bytes = list(row_bytes)
         self.num_blocks = num_blocks
         self.block_bytes = sum(self.row_bytes)
+        self.rows = [
+            r.view(num_blocks, rb) for r, rb in zip(self.regions, self.row_bytes, strict=True)
+        ]
+        """Region r as a 2-D ``[num_blocks, row_bytes[r]]`` view (same memory)."""
+        self.arrays = [r.numpy() for r in self.rows] if not self.regions[0].is_cuda else []
+        """NumPy views of ``rows`` for host-memory engines (same memory)."""
 
     @classmethod
     def from_tensors(

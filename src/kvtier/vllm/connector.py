@@ -285,7 +285,7 @@ class KVTierConnector(KVConnectorBase_V1):
                 slot_bytes,
                 s.chunk_bytes,
             )
-        store: SlotStore = CpuSlab(s.num_slots, slot_bytes)
+        store: SlotStore = CpuSlab(s.num_slots, regions.row_bytes, s.blocks_per_chunk)
         if s.config.fault_injection:
             store = FaultyStore(store, FaultPlan(**s.config.fault_injection))
         engine = TransferEngine(regions, {"cpu": store}, s.blocks_per_chunk)

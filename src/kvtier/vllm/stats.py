@@ -67,9 +67,8 @@ class KVTierPromMetrics(KVConnectorPromMetrics):
             elif kind == "gauge":
                 self._metrics[name] = self._gauge_cls(full, help_, labelnames=names)
             else:
-                self._metrics[name] = self._histogram_cls(
-                    full, help_, labelnames=names, buckets=buckets
-                )
+                histogram: Any = self._histogram_cls  # vLLM types it as any metric class
+                self._metrics[name] = histogram(full, help_, labelnames=names, buckets=buckets)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         m = Metrics.from_dict(transfer_stats_data)

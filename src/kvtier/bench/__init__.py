@@ -1,0 +1,1 @@
+"""``kvtier bench``: workloads, engine runs and reports."""

@@ -1,0 +1,187 @@
+"""kvtier on a real vLLM engine (CPU backend) with the real SmolLM2 model.
+
+Each engine configuration runs in its own subprocess (tests/vllm_runner.py). Every workload
+is run once without any connector (the baseline) and the greedy outputs with kvtier must
+be token-identical, whatever the budget, the engine mode or the faults injected.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+RUNNER = Path(__file__).with_name("vllm_runner.py")
+CHUNK = 64  # auto chunk size for fp32 SmolLM2 on vLLM CPU (32-token blocks, 1536 B/token/layer)
+BYTES_PER_TOKEN = 46_080  # 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes
+
+
+def prompts() -> tuple[list[list[int]], list[list[int]]]:
+    """Chat prompts over deterministic documents, as token ids (exact lengths matter)."""
+    from transformers import AutoTokenizer
+
+    from kvtier.bench.text import SYSTEM, document, question
+    from kvtier.models import smollm2_path
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path())
+
+    def chat(doc: str, q: str) -> list[int]:
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{doc}\n\n{q}"}]
+        return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+
+    doc = document(1, 28)
+    out = [chat(doc, question(1)), chat(doc + " " + document(2, 6), question(2))]
+    whole = chat(document(3, 60), question(3))
+    out.append(whole[: 6 * CHUNK - 8] + whole[-8:])  # exactly 6 chunks, ends like a prompt
+    turns = [list(tok.encode("\nThanks. " + question(10 + i))) for i in range(3)]
+    return out, turns
+
+
+PROMPTS, TURNS = prompts()
+# fp32 so that greedy tokens do not flip on rounding when the batch shapes differ.
+# Chunked prefill: long prompts span several steps.
+ENGINE = {"dtype": "float32", "max_num_batched_tokens": 384}
+PHASES = [
+    {"prompts": PROMPTS, "max_tokens": 12},
+    {"prompts": PROMPTS, "max_tokens": 12, "reset_before": True},
+    # Multi-turn: the previous prompt + its answer + a new question, after another reset.
+    {"extend_previous": TURNS, "max_tokens": 12, "reset_before": True},
+]
+
+
+def run(tmp_path: Path, connector: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    spec = {"connector": connector, "engine": ENGINE, "phases": PHASES, **extra}
+    name = f"spec-{abs(hash(json.dumps(spec, sort_keys=True)))}"
+    spec_path, out_path = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out_path.read_text())
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run(tmp_path_factory.mktemp("baseline"), None)
+
+
+def outputs(result: dict[str, Any]) -> list[list[list[int]]]:
+    return [p["outputs"] for p in result["phases"]]
+
+
+def metric(result: dict[str, Any], name: str, *labels: str) -> float:
+    for key, value in result["connector"]["metrics"]["values"].get(name, []):
+        if tuple(key) == labels:
+            return float(value)
+    return 0.0
+
+
+def assert_clean(result: dict[str, Any]) -> None:
+    c = result["connector"]
+    assert not c["pending_jobs"] and c["requests"] == 0 and c["pins"] == 0
+    assert c["worker_inflight"] == 0
+
+
+def expected_hit(prompt_len: int, sync: bool) -> int:
+    hit = prompt_len // CHUNK * CHUNK
+    return hit - 1 if sync and hit == prompt_len else hit
+
+
+def test_sync_hits_are_exact_and_attributed(tmp_path, baseline):
+    r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": "1GiB"})
+    assert outputs(r) == outputs(baseline)
+    c = r["connector"]
+    assert c["chunk_tokens"] == CHUNK
+    # Phase 2: every prompt is served from the host tier, in the step it is scheduled.
+    assert metric(r, "loads", "cpu", "sync") >= 3 and metric(r, "loads", "cpu", "async") == 0
+    sources = dict(c["hit_sources"])
+    phase2 = list(sources.values())[-6:-3]
+    assert [s.get("host") for s in phase2] == [expected_hit(len(p), True) for p in PROMPTS]
+    # Phase 3 (multi-turn) hits beyond the old prompt: answers were stored at finish.
+    phase3 = list(sources.values())[-3:]
+    assert all(
+        s["host"] > expected_hit(len(p), False) for s, p in zip(phase3, PROMPTS, strict=True)
+    )
+    assert all(n > 0 for n in r["phases"][1]["num_cached"])
+    assert metric(r, "failures", "cpu", "load") == 0
+    assert_clean(r)
+
+
+def test_async_hits_take_more_steps(tmp_path, baseline):
+    sync = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": "1GiB"})
+    r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": 0})
+    assert outputs(r) == outputs(baseline)
+    assert metric(r, "loads", "cpu", "sync") == 0 and metric(r, "loads", "cpu", "async") >= 3
+    srcs = [s for _, s in r["connector"]["hit_sources"]][-6:-3]
+    assert [s.get("host") for s in srcs] == [expected_hit(len(p), False) for p in PROMPTS]
+    assert r["connector"]["steps"] > sync["connector"]["steps"]
+    assert_clean(r)
+
+
+def test_per_step_budget_is_never_exceeded(tmp_path, baseline):
+    budget = expected_hit(len(PROMPTS[1]), False) * BYTES_PER_TOKEN  # one prompt's hit
+    r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": budget})
+    assert outputs(r) == outputs(baseline)
+    assert metric(r, "loads", "cpu", "sync") >= 1 and metric(r, "loads", "cpu", "async") >= 1
+    used = r["connector"]["metrics"]["observations"]["sync_budget_used_bytes"]
+    assert used and max(used) <= budget
+    assert_clean(r)
+
+
+def test_auto_budget_needs_no_tuning(tmp_path, baseline):
+    r = run(tmp_path, {"cpu_bytes": "512MiB"})
+    assert outputs(r) == outputs(baseline)
+    c = r["connector"]
+    # Measured on this machine: a copy bandwidth and a forward-pass time, hence a budget.
+    assert c["bandwidth"] > 1e8 and c["step_seconds"] > 0 and c["budget_limit"] > 0
+    assert metric(r, "loads", "cpu", "sync") >= 1
+    assert_clean(r)
+
+
+def test_failed_loads_recompute(tmp_path, baseline):
+    budget = expected_hit(len(PROMPTS[1]), False) * BYTES_PER_TOKEN  # some sync, some async
+    r = run(
+        tmp_path,
+        {"cpu_bytes": "512MiB", "sync_budget": budget, "fault_injection": {"fail_all_reads": True}},
+    )
+    assert outputs(r) == outputs(baseline)
+    assert metric(r, "loads", "cpu", "sync") >= 1 and metric(r, "loads", "cpu", "async") >= 1
+    assert metric(r, "failures", "cpu", "load") > 0
+    assert r["connector"]["failed_reads"] > 0
+    assert_clean(r)
+
+
+def test_failed_stores_are_future_misses(tmp_path, baseline):
+    r = run(
+        tmp_path,
+        {
+            "cpu_bytes": "512MiB",
+            "sync_budget": "1GiB",
+            "fault_injection": {"seed": 3, "write_fail_rate": 0.5},
+        },
+    )
+    assert outputs(r) == outputs(baseline)
+    assert metric(r, "failures", "cpu", "store") > 0
+    assert_clean(r)
+
+
+def test_multiprocess_engine_by_registered_name(tmp_path, baseline):
+    r = run(
+        tmp_path, {"cpu_bytes": "512MiB", "sync_budget": "1GiB"}, multiprocess=True, by_name=True
+    )
+    assert outputs(r) == outputs(baseline)
+    # vLLM counts external hits as cached prompt tokens.
+    assert [
+        n >= expected_hit(len(p), True)
+        for n, p in zip(r["phases"][1]["num_cached"], PROMPTS, strict=True)
+    ] == [True] * 3
