@@ -76,6 +76,7 @@ def main(spec_path: str, out_path: str) -> None:
         out["phases"].append(
             {
                 "outputs": [list(r.outputs[0].token_ids) for r in results],
+                "request_ids": [r.request_id for r in results],
                 "num_cached": [r.num_cached_tokens for r in results],
                 "seconds": time.perf_counter() - t0,
             }

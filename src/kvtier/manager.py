@@ -297,17 +297,18 @@ class CacheManager:
             self.metrics.inc("loads", 1, tier_name, mode)
         if not sync:
             self.budget.release(req_id)
-        for run in req.load_runs:
-            self.metrics.inc("hit_tokens", run.end - run.start, run.source.label)
+        # Recorded here, not when vLLM asks for hit sources: it only asks with stats enabled.
+        sources = hit_sources([req.load_runs], start, end)
+        self.recent_hit_sources.append((req_id, sources))
+        for source, n in sources.items():
+            self.metrics.inc("hit_tokens", n, source.label)
 
     def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
         """Which tier each of the accepted ``num_external`` hit tokens came from."""
         req = self._reqs.get(req_id)
         if req is None or num_external <= 0:
             return {}
-        out = hit_sources([req.load_runs], req.load_start, req.load_start + num_external)
-        self.recent_hit_sources.append((req_id, out))
-        return out
+        return hit_sources([req.load_runs], req.load_start, req.load_start + num_external)
 
     def _new_job(
         self, req: _Request, job: TransferJob, pinned: list[tuple[SlotIndex, Key]] | None = None
@@ -325,6 +326,7 @@ class CacheManager:
     ) -> StepPlan:
         """The plan for this step: loads accepted since the last step, stores of chunks
         this step completes, flushes for preempted requests, block releases."""
+        self.steps += 1
         plan = StepPlan(
             loads=self._pending_loads, stores=self._finish_stores, release=self._pending_release
         )
