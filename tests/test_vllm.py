@@ -17,7 +17,6 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-RUNNER = Path(__file__).with_name("vllm_runner.py")
 CHUNK = 64  # auto chunk size for fp32 SmolLM2 on vLLM CPU (32-token blocks, 1536 B/token/layer)
 BYTES_PER_TOKEN = 46_080  # 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes
 
@@ -56,32 +55,50 @@ def prompts() -> tuple[list[list[int]], list[list[int]]]:
 PROMPTS, TURNS = prompts()
 # fp32 so that greedy tokens do not flip on rounding when the batch shapes differ.
 # Chunked prefill: long prompts span several steps.
-ENGINE = {"dtype": "float32", "max_num_batched_tokens": 384}
-PHASES = [
-    {"prompts": PROMPTS, "max_tokens": 12},
-    {"prompts": PROMPTS, "max_tokens": 24, "reset_before": True},
-    # Multi-turn: the previous prompt + its answer + a new question, after another reset.
-    {"extend_previous": TURNS, "max_tokens": 12, "reset_before": True},
+ENGINE = {"dtype": "float32", "max_num_batched_tokens": 384, "max_model_len": 4096}
+
+
+def phase(name: str, max_tokens: int, extend: str | None = None) -> dict[str, Any]:
+    reqs = []
+    for i, p in enumerate(PROMPTS):
+        r: dict[str, Any] = {"id": f"{name}-{i}", "prompt": p, "max_tokens": max_tokens}
+        if extend:
+            r.update(prompt=TURNS[i], extend=f"{extend}-{i}")
+        reqs.append(r)
+    return {"op": "serve", "name": name, "requests": reqs}
+
+
+PROGRAM = [
+    phase("p1", 12),
+    {"op": "reset_prefix_cache"},
+    phase("p2", 24),
+    {"op": "reset_prefix_cache"},
+    # Multi-turn: the previous prompt + its answer + a new question.
+    phase("p3", 12, extend="p2"),
 ]
-
-
 _RESULTS: dict[str, dict[str, Any]] = {}
 
 
 def run(tmp_path: Path, connector: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
-    """Run the workload on a fresh engine in a subprocess (memoized per configuration)."""
-    spec = {"connector": connector, "engine": ENGINE, "phases": PHASES, **extra}
+    """Run the program on a fresh engine in a subprocess (memoized per configuration)."""
+    spec = {
+        "connector": connector,
+        "engine": ENGINE,
+        "program": PROGRAM,
+        "inspect": connector is not None,
+        **extra,
+    }
     key = json.dumps(spec, sort_keys=True)
     if key in _RESULTS:
         return _RESULTS[key]
-    name = f"spec-{len(_RESULTS)}"
-    spec_path, out_path = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+    spec_path = tmp_path / f"spec-{len(_RESULTS)}.json"
+    out_path = spec_path.with_suffix(".out.json")
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
+        [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     _RESULTS[key] = json.loads(out_path.read_text())
@@ -93,26 +110,32 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run(tmp_path_factory.mktemp("baseline"), None)
 
 
+def phases(result: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    return [op["requests"] for op in result["ops"]]
+
+
 def outputs(result: dict[str, Any]) -> list[list[list[int]]]:
-    return [p["outputs"] for p in result["phases"]]
+    return [[r["output"] for r in p] for p in phases(result)]
+
+
+def num_cached(result: dict[str, Any], i: int) -> list[int]:
+    return [r["num_cached"] for r in phases(result)[i]]
+
+
+def sources(result: dict[str, Any], i: int) -> list[dict[str, int]]:
+    """Per request of a phase, the hit tokens by source kvtier recorded for it."""
+    return [r.get("hit_sources", {}) for r in phases(result)[i]]
 
 
 def metric(result: dict[str, Any], name: str, *labels: str) -> float:
-    for key, value in result["connector"]["metrics"]["values"].get(name, []):
+    for key, value in result["kvtier"]["metrics"]["values"].get(name, []):
         if tuple(key) == labels:
             return float(value)
     return 0.0
 
 
-def sources(result: dict[str, Any], phase: int) -> list[dict[str, int]]:
-    """Per request of a phase, the hit tokens by source kvtier recorded for it."""
-    # vLLM adds a random suffix to the ids it hands to connectors.
-    recorded = {rid.rsplit("-", 1)[0]: s for rid, s in result["connector"]["hit_sources"]}
-    return [recorded.get(rid, {}) for rid in result["phases"][phase]["request_ids"]]
-
-
 def assert_clean(result: dict[str, Any]) -> None:
-    c = result["connector"]
+    c = result["kvtier"]
     assert not c["pending_jobs"] and c["requests"] == 0 and c["pins"] == 0
     assert c["worker_inflight"] == 0
 
@@ -125,27 +148,27 @@ def expected_hit(prompt_len: int, sync: bool) -> int:
 def test_sync_hits_are_exact_and_attributed(tmp_path, baseline):
     r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": "1GiB"})
     assert outputs(r) == outputs(baseline)
-    c = r["connector"]
+    c = r["kvtier"]
     assert c["chunk_tokens"] == CHUNK
     # Phase 2: every prompt is served from the host tier, in the step it is scheduled.
     assert metric(r, "loads", "cpu", "sync") >= 3 and metric(r, "loads", "cpu", "async") == 0
     # Each prompt is cached whole: by the engine's own cache where an earlier prompt of
     # the same step just loaded a shared prefix, by kvtier's host tier for the rest.
-    assert r["phases"][1]["num_cached"] == [expected_hit(len(p), True) for p in PROMPTS]
+    assert num_cached(r, 1) == [expected_hit(len(p), True) for p in PROMPTS]
     phase2 = sources(r, 1)
     assert all(set(s) == {"host"} and s["host"] > 0 for s in phase2)
     assert phase2[0]["host"] == expected_hit(len(PROMPTS[0]), True)
     # Phase 3 (multi-turn): the previous answers were stored when their requests finished,
     # so the hit covers every whole chunk of prompt + answer (the KV of all but the last
     # sampled token exists).
-    answers = [len(o) for o in r["phases"][1]["outputs"]]
+    answers = [len(o) for o in outputs(r)[1]]
     with_answers = [
         (len(p) + n - 1) // CHUNK * CHUNK for p, n in zip(PROMPTS, answers, strict=True)
     ]
-    assert r["phases"][2]["num_cached"] == with_answers
+    assert num_cached(r, 2) == with_answers
     assert any(w > expected_hit(len(p), False) for w, p in zip(with_answers, PROMPTS, strict=True))
     assert all(s.get("host", 0) > 0 for s in sources(r, 2))
-    assert all(n > 0 for n in r["phases"][1]["num_cached"])
+    assert all(n > 0 for n in num_cached(r, 1))
     assert metric(r, "failures", "cpu", "load") == 0
     assert_clean(r)
 
@@ -156,11 +179,10 @@ def test_async_hits_take_more_steps(tmp_path, baseline):
     assert outputs(r) == outputs(baseline)
     assert metric(r, "loads", "cpu", "sync") == 0 and metric(r, "loads", "cpu", "async") >= 3
     assert [
-        n >= expected_hit(len(p), True)
-        for n, p in zip(r["phases"][1]["num_cached"], PROMPTS, strict=True)
+        n >= expected_hit(len(p), True) for n, p in zip(num_cached(r, 1), PROMPTS, strict=True)
     ] == [True] * 3
     assert sources(r, 1)[0] == {"host": expected_hit(len(PROMPTS[0]), False)}
-    assert r["connector"]["steps"] > sync["connector"]["steps"]
+    assert r["kvtier"]["steps"] > sync["kvtier"]["steps"]
     assert_clean(r)
 
 
@@ -169,7 +191,7 @@ def test_per_step_budget_is_never_exceeded(tmp_path, baseline):
     r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": budget})
     assert outputs(r) == outputs(baseline)
     assert metric(r, "loads", "cpu", "sync") >= 1 and metric(r, "loads", "cpu", "async") >= 1
-    used = r["connector"]["metrics"]["observations"]["sync_budget_used_bytes"]
+    used = r["kvtier"]["metrics"]["observations"]["sync_budget_used_bytes"]
     assert used and max(used) <= budget
     assert_clean(r)
 
@@ -177,7 +199,7 @@ def test_per_step_budget_is_never_exceeded(tmp_path, baseline):
 def test_auto_budget_needs_no_tuning(tmp_path, baseline):
     r = run(tmp_path, {"cpu_bytes": "512MiB"})
     assert outputs(r) == outputs(baseline)
-    c = r["connector"]
+    c = r["kvtier"]
     # Measured on this machine: a copy bandwidth and a forward-pass time, hence a budget.
     assert c["bandwidth"] > 1e8 and c["step_seconds"] > 0 and c["budget_limit"] > 0
     assert metric(r, "loads", "cpu", "sync") >= 1
@@ -193,7 +215,7 @@ def test_failed_loads_recompute(tmp_path, baseline):
     assert outputs(r) == outputs(baseline)
     assert metric(r, "loads", "cpu", "sync") >= 1 and metric(r, "loads", "cpu", "async") >= 1
     assert metric(r, "failures", "cpu", "load") > 0
-    assert r["connector"]["failed_reads"] > 0
+    assert r["kvtier"]["failed_reads"] > 0
     assert_clean(r)
 
 
@@ -218,6 +240,5 @@ def test_multiprocess_engine_by_registered_name(tmp_path, baseline):
     assert outputs(r) == outputs(baseline)
     # vLLM counts external hits as cached prompt tokens.
     assert [
-        n >= expected_hit(len(p), True)
-        for n, p in zip(r["phases"][1]["num_cached"], PROMPTS, strict=True)
+        n >= expected_hit(len(p), True) for n, p in zip(num_cached(r, 1), PROMPTS, strict=True)
     ] == [True] * 3

@@ -247,6 +247,11 @@ class KVTierConnector(KVConnectorBase_V1):
         )
         return delay, None
 
+    def has_pending_push_work(self) -> bool:
+        # Keep the engine stepping while stores are in flight, so their completion reaches
+        # the scheduler (and the chunks become hits) even when no request is running.
+        return self.manager is not None and self.manager.has_pending_jobs()
+
     def reset_cache(self) -> bool | None:
         return self.manager.reset() if self.manager is not None else None
 

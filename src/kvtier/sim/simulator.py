@@ -1,0 +1,464 @@
+"""Trace-driven simulation of kvtier's tier caches (no engine, no data).
+
+Each request of a trace is replayed in file order through kvtier's own bookkeeping:
+
+1. *Lookup*, as :meth:`kvtier.manager.CacheManager.lookup` does it: the admission policy
+   observes the request's keys once, then every tier, innermost first, answers
+   :meth:`~kvtier.tiers.index.SlotIndex.prefix_len`; tier t serves the blocks between the
+   previous tiers' coverage and its own prefix. The deepest key of each tier's run is
+   touched (the manager touches what it pins: the deepest chunk a load reads per tier).
+2. *Store*, as the manager's store planner does it, in every tier (tier 0 is the CPU tier;
+   a second tier models a write-through disk tier, so it receives the same chunks): the
+   chunks after the tier's present prefix, cut at the first one the admission policy
+   refuses, are reserved in one call (which evicts as needed and may store a shorter
+   prefix) and committed at once as successful. Disk hits are thereby promoted into the CPU
+   tier by the same path.
+
+Hits are counted in tokens: the first n blocks of a request cover ``min(n * block_tokens,
+input_tokens)`` tokens (the last hash id may cover a partial block). Every block, partial or
+not, takes one slot, so a tier of C tokens has ``C // block_tokens`` slots.
+
+Not modelled: the engine's own (GPU) prefix cache, concurrency between requests (each
+request's stores complete before the next lookup), output tokens, load failures.
+
+Two reference lines need no kvtier policy:
+
+- ``belady``: offline MIN with bypass. After each request, while the tier holds more than
+  its capacity (its old content plus the request's blocks), evict the block whose next use
+  is farthest (never used again counts as farthest), ties to the deeper block. Any request
+  using a block uses its whole prefix, so a parent's next use is never later than a child's
+  and the victim is always a leaf: the bound is prefix-closed by construction (checked
+  with ``check=True``). It maximises block hits for the given capacity (token hits up to
+  the smaller weight of partial last blocks). For two tiers the total uses one cache of the
+  tiers' combined size (an upper bound for any split), the CPU column a cache of the CPU
+  size alone.
+- ``infinite``: unbounded capacity, everything stored: a block hits iff its prefix was
+  seen before. The reuse ceiling of the trace.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.keys import Key
+from kvtier.policies import AdmissionPolicy, make_admission_policy, make_eviction_policy
+from kvtier.sim.capacity import (
+    SMOLLM2_BYTES_PER_TOKEN,
+    CapacityConfig,
+    TierCapacity,
+    tier_capacities,
+)
+from kvtier.sim.trace import TRACE_BLOCK_TOKENS, Trace, load_trace
+from kvtier.tiers.index import SlotIndex
+
+DEFAULT_POLICIES: tuple[str, ...] = (
+    "lru",
+    "lru-seen2",
+    "arc",
+    "arc-seen2",
+    "belady",
+    "infinite",
+)
+"""Policies compared by default: kvtier's evictions with and without admission, and bounds."""
+
+DEFAULT_TIERS: tuple[str, ...] = ("cpu", "disk")
+"""Tier names, innermost first; a configuration with k capacities uses the first k."""
+
+Tick = Callable[[int], None]
+"""Progress callback: called with a number of requests just replayed."""
+
+_TICK_EVERY = 256
+_POLICY_RE = re.compile(r"^(lru|arc)(?:-seen(\d+))?$")
+
+
+# -- policies ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A simulated policy: ``kind`` is "index" (a kvtier eviction policy with admission
+    ``min_seen``), "belady" or "infinite"."""
+
+    name: str
+    kind: str
+    eviction: str = ""
+    min_seen: int = 1
+
+
+def parse_policy(name: str) -> PolicySpec:
+    """``lru``, ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``,
+    ``infinite``."""
+    text = name.strip().lower()
+    if text in ("belady", "infinite"):
+        return PolicySpec(text, text)
+    m = _POLICY_RE.match(text)
+    if m is None:
+        raise ConfigError(
+            f"policy: unknown policy {name!r}; accepted: lru, arc, lru-seenN, arc-seenN "
+            "(admit a chunk once seen N times), belady, infinite"
+        )
+    min_seen = int(m.group(2) or 1)
+    if min_seen < 1:
+        raise ConfigError(f"policy {name!r}: the seen count must be >= 1")
+    canonical = m.group(1) if min_seen == 1 else f"{m.group(1)}-seen{min_seen}"
+    return PolicySpec(canonical, "index", m.group(1), min_seen)
+
+
+# -- replays -------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayCounts:
+    """Hits of one replay, per tier (innermost first)."""
+
+    hit_blocks: list[int]
+    hit_tokens: list[int]
+    evictions: list[int] = field(default_factory=list)
+
+
+def replay_index(
+    trace: Trace,
+    slots: Sequence[int],
+    eviction: str,
+    min_seen: int = 1,
+    *,
+    tick: Tick | None = None,
+    check: bool = False,
+) -> ReplayCounts:
+    """Replay ``trace`` through kvtier's SlotIndex + eviction + admission policies.
+
+    ``slots[t]`` is tier t's capacity in blocks. ``check`` runs the index's invariant check
+    after every request (slow; for tests).
+    """
+    indexes = [SlotIndex(n, make_eviction_policy(eviction, n)) for n in slots]
+    admission = make_admission_policy(min_seen)
+    # The base policy admits everything and ignores observations: skip the calls.
+    filtering = type(admission) is not AdmissionPolicy
+    n_tiers = len(indexes)
+    hit_blocks = [0] * n_tiers
+    hit_tokens = [0] * n_tiers
+    block = trace.block_tokens
+    for i, keys in enumerate(trace.keys):
+        if filtering:
+            admission.observe(keys)
+        ntok = trace.tokens[i]
+        covered = 0
+        for t, index in enumerate(indexes):
+            n = index.prefix_len(keys)
+            if n > covered:
+                hit_blocks[t] += n - covered
+                hit_tokens[t] += min(n * block, ntok) - min(covered * block, ntok)
+                index.touch([keys[n - 1]])
+                covered = n
+        for index in indexes:
+            _store(index, keys, admission if filtering else None)
+            if check:
+                index.check()
+        if tick is not None and (i + 1) % _TICK_EVERY == 0:
+            tick(_TICK_EVERY)
+    if tick is not None:
+        tick(len(trace.keys) % _TICK_EVERY)
+    return ReplayCounts(hit_blocks, hit_tokens, [index.evictions for index in indexes])
+
+
+def _store(index: SlotIndex, keys: list[Key], admission: AdmissionPolicy | None) -> int:
+    """Store the chunks of ``keys`` the tier lacks, as the manager's store planner does:
+    the admitted run after the present prefix, reserved in one call, then committed.
+    Returns the number of chunks stored."""
+    present = index.prefix_len(keys, any_state=True)
+    if present >= len(keys):
+        return 0
+    todo = keys[present:]
+    if admission is not None:
+        admitted = 0
+        while admitted < len(todo) and admission.admit(todo[admitted]):
+            admitted += 1
+        todo = todo[:admitted]
+        if not todo:
+            return 0
+    slots = index.reserve(todo, keys[present - 1] if present else None)
+    if slots:
+        index.commit(todo[: len(slots)], [True] * len(slots))
+    return len(slots)
+
+
+def next_uses(trace: Trace) -> list[list[int]]:
+    """``out[i][j]``: the index of the next request after i that uses block j of request i,
+    or ``len(trace.keys)`` when none does (one backward pass over the trace)."""
+    never = len(trace.keys)
+    last: dict[Key, int] = {}
+    out: list[list[int]] = [[] for _ in trace.keys]
+    for i in range(len(trace.keys) - 1, -1, -1):
+        keys = trace.keys[i]
+        get = last.get
+        out[i] = [get(k, never) for k in keys]
+        for k in keys:
+            last[k] = i
+    return out
+
+
+def replay_belady(
+    trace: Trace,
+    slots: int,
+    future: list[list[int]],
+    *,
+    tick: Tick | None = None,
+    check: bool = False,
+) -> ReplayCounts:
+    """Offline MIN with bypass on one tier of ``slots`` blocks (see the module docstring).
+
+    ``future`` comes from :func:`next_uses`. ``check`` asserts the cache stays prefix-closed
+    (every present block of a request lies in its hit prefix).
+    """
+    cache: dict[Key, int] = {}  # key -> its current next use
+    heap: list[tuple[int, int, Key]] = []  # (-next use, -depth, key); stale entries skipped
+    push, pop = heapq.heappush, heapq.heappop
+    block = trace.block_tokens
+    hit_blocks = hit_tokens = evictions = 0
+    for i, keys in enumerate(trace.keys):
+        n = 0
+        while n < len(keys) and keys[n] in cache:
+            n += 1
+        if check:
+            assert sum(k in cache for k in keys) == n, f"request {i}: cache not prefix-closed"
+        hit_blocks += n
+        hit_tokens += min(n * block, trace.tokens[i])
+        for j, (k, nu) in enumerate(zip(keys, future[i], strict=True)):
+            cache[k] = nu
+            push(heap, (-nu, -j, k))
+        while len(cache) > slots:
+            neg_nu, _, k = pop(heap)
+            if cache.get(k) == -neg_nu:
+                del cache[k]
+                evictions += 1
+        if tick is not None and (i + 1) % _TICK_EVERY == 0:
+            tick(_TICK_EVERY)
+    if tick is not None:
+        tick(len(trace.keys) % _TICK_EVERY)
+    return ReplayCounts([hit_blocks], [hit_tokens], [evictions])
+
+
+def replay_infinite(trace: Trace, *, tick: Tick | None = None) -> ReplayCounts:
+    """Unbounded cache: a block hits iff its prefix (its key) was seen before."""
+    seen: set[Key] = set()
+    block = trace.block_tokens
+    hit_blocks = hit_tokens = 0
+    for i, keys in enumerate(trace.keys):
+        n = 0
+        while n < len(keys) and keys[n] in seen:
+            n += 1
+        hit_blocks += n
+        hit_tokens += min(n * block, trace.tokens[i])
+        seen.update(keys[n:])
+    if tick is not None:
+        tick(len(trace.keys))
+    return ReplayCounts([hit_blocks], [hit_tokens], [0])
+
+
+# -- driver --------------------------------------------------------------------------------
+
+
+class _Runner:
+    """Runs policies on one trace, caching what several runs share: the next-use table and
+    bound replays that depend only on a slot count."""
+
+    def __init__(self, trace: Trace, tick: Tick | None) -> None:
+        self.trace = trace
+        self.tick = tick
+        self._future: list[list[int]] | None = None
+        self._belady: dict[int, ReplayCounts] = {}
+        self._infinite: ReplayCounts | None = None
+
+    def run(self, spec: PolicySpec, tiers: Sequence[TierCapacity]) -> ReplayCounts:
+        """Per-tier hits of ``spec`` on a configuration."""
+        slots = [t.slots for t in tiers]
+        if spec.kind == "index":
+            return replay_index(self.trace, slots, spec.eviction, spec.min_seen, tick=self.tick)
+        if spec.kind == "belady":
+            return self._belady_tiers(slots)
+        return self._infinite_tiers(len(slots))
+
+    def _belady_one(self, slots: int) -> ReplayCounts:
+        if slots not in self._belady:
+            if self._future is None:
+                self._future = next_uses(self.trace)
+            self._belady[slots] = replay_belady(self.trace, slots, self._future, tick=self.tick)
+        elif self.tick is not None:
+            self.tick(len(self.trace.keys))
+        return self._belady[slots]
+
+    def _belady_tiers(self, slots: Sequence[int]) -> ReplayCounts:
+        """Tier t's bound: Belady on tiers 0..t together, minus the inner tiers' bound."""
+        blocks: list[int] = []
+        tokens: list[int] = []
+        evictions: list[int] = []
+        prev_b = prev_t = 0
+        for t in range(len(slots)):
+            r = self._belady_one(sum(slots[: t + 1]))
+            blocks.append(r.hit_blocks[0] - prev_b)
+            tokens.append(r.hit_tokens[0] - prev_t)
+            evictions.append(r.evictions[0])
+            prev_b, prev_t = r.hit_blocks[0], r.hit_tokens[0]
+        return ReplayCounts(blocks, tokens, evictions)
+
+    def _infinite_tiers(self, n_tiers: int) -> ReplayCounts:
+        if self._infinite is None:
+            self._infinite = replay_infinite(self.trace, tick=self.tick)
+        elif self.tick is not None:
+            self.tick(len(self.trace.keys))
+        r = self._infinite
+        pad = [0] * (n_tiers - 1)
+        return ReplayCounts(r.hit_blocks + pad, r.hit_tokens + pad, [0] * n_tiers)
+
+
+def run_sim(
+    trace_path: str | Path,
+    capacities: Sequence[CapacityConfig],
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    tiers: Sequence[str] = DEFAULT_TIERS,
+    limit: int | None = None,
+    *,
+    block_tokens: int = TRACE_BLOCK_TOKENS,
+    trace_block_tokens: int = TRACE_BLOCK_TOKENS,
+    bytes_per_token: int = SMOLLM2_BYTES_PER_TOKEN,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Simulate every policy on every capacity configuration of a Mooncake trace.
+
+    ``capacities``: one entry per configuration; an entry is one capacity (a single CPU
+    tier) or one per tier, innermost first (``("1M", "10M")`` or ``"1M+10M"``): token counts
+    (``3000000``, ``"3M"``) or byte sizes (``"8GiB"``, converted with ``bytes_per_token``).
+    ``tiers`` names the tiers by position. ``policies``: see :func:`parse_policy`.
+    ``progress`` shows a tqdm bar on stderr.
+
+    Returns a JSON-serialisable dict (format it with :func:`format_sim`): trace facts, and
+    under ``"runs"`` one entry per (configuration, policy) with per-tier and total
+    ``hit_tokens``, ``hit_ratio`` (hit tokens / all input tokens), ``hit_blocks``,
+    ``evictions`` and ``seconds``. Raises ConfigError for a bad trace line, capacity or
+    policy name.
+    """
+    specs = [parse_policy(p) for p in policies]
+    if not specs:
+        raise ConfigError("policies: at least one policy is needed")
+    if not capacities:
+        raise ConfigError("capacities: at least one configuration is needed")
+    configs = [
+        tier_capacities(
+            c, tiers, block_tokens=block_tokens, bytes_per_token=bytes_per_token
+        )
+        for c in capacities
+    ]
+    t0 = time.perf_counter()
+    trace = load_trace(
+        trace_path, limit=limit, block_tokens=block_tokens, trace_block_tokens=trace_block_tokens
+    )
+    load_seconds = time.perf_counter() - t0
+    bar = _progress_bar(len(configs) * len(specs) * len(trace.keys), progress)
+    runner = _Runner(trace, bar.update if bar is not None else None)
+    runs = []
+    try:
+        for config in configs:
+            for spec in specs:
+                t1 = time.perf_counter()
+                counts = runner.run(spec, config)
+                runs.append(_run_entry(trace, config, spec, counts, time.perf_counter() - t1))
+    finally:
+        if bar is not None:
+            bar.close()
+    return {
+        "trace": trace.path,
+        "requests": len(trace.keys),
+        "blocks": trace.num_blocks,
+        "input_tokens": trace.input_tokens,
+        "block_tokens": block_tokens,
+        "bytes_per_token": bytes_per_token,
+        "load_seconds": round(load_seconds, 4),
+        "seconds": round(time.perf_counter() - t0, 4),
+        "runs": runs,
+    }
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    """A tqdm bar counting replayed requests, or None."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="kvtier sim", leave=False)
+
+
+def _run_entry(
+    trace: Trace,
+    config: Sequence[TierCapacity],
+    spec: PolicySpec,
+    counts: ReplayCounts,
+    seconds: float,
+) -> dict[str, Any]:
+    """The JSON entry of one (configuration, policy) run."""
+    names = [t.name for t in config]
+    total_tokens = trace.input_tokens
+    hit_tokens = dict(zip(names, counts.hit_tokens, strict=True))
+    hit_tokens["total"] = sum(counts.hit_tokens)
+    hit_blocks = dict(zip(names, counts.hit_blocks, strict=True))
+    hit_blocks["total"] = sum(counts.hit_blocks)
+    return {
+        "config": " + ".join(t.label() for t in config),
+        "capacity": [
+            {"tier": t.name, "tokens": t.tokens, "slots": t.slots, "bytes": t.bytes}
+            for t in config
+        ],
+        "policy": spec.name,
+        "hit_tokens": hit_tokens,
+        "hit_ratio": {k: (v / total_tokens if total_tokens else 0.0) for k, v in hit_tokens.items()},
+        "hit_blocks": hit_blocks,
+        "evictions": dict(zip(names, counts.evictions, strict=True)),
+        "seconds": round(seconds, 4),
+    }
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def format_sim(result: dict[str, Any]) -> str:
+    """A plain-text table of a :func:`run_sim` result: token hit ratio per tier and in total,
+    one row per (configuration, policy)."""
+    runs: list[dict[str, Any]] = result["runs"]
+    tier_names: list[str] = []
+    for run in runs:
+        for cap in run["capacity"]:
+            if cap["tier"] not in tier_names:
+                tier_names.append(cap["tier"])
+    header = ["capacity", "policy", *(f"{n} hit" for n in tier_names), "total hit", "evictions"]
+    header.append("time")
+    rows = [header]
+    for run in runs:
+        ratio = run["hit_ratio"]
+        cells = [run["config"], run["policy"]]
+        cells += [f"{100 * ratio[n]:.1f} %" if n in ratio else "-" for n in tier_names]
+        cells.append(f"{100 * ratio['total']:.1f} %")
+        cells.append(f"{sum(run['evictions'].values()):,}")
+        cells.append(f"{run['seconds']:.2f} s")
+        rows.append(cells)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = [
+        f"trace {Path(result['trace']).name}: {result['requests']:,} requests, "
+        f"{result['blocks']:,} blocks of {result['block_tokens']} tokens, "
+        f"{result['input_tokens']:,} input tokens; {result['bytes_per_token']:,} B/token; "
+        f"{result['seconds']:.2f} s"
+    ]
+    for k, r in enumerate(rows):
+        left = r[:2]
+        right = r[2:]
+        text = "  ".join(c.ljust(w) for c, w in zip(left, widths[:2], strict=True))
+        text += "  " + "  ".join(c.rjust(w) for c, w in zip(right, widths[2:], strict=True))
+        lines.append(text.rstrip())
+        if k == 0:
+            lines.append("-" * len(lines[-1]))
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""Run a request schedule on a real vLLM engine in this process and measure it.
+
+``python -m kvtier.vllm.runner SPEC.json OUT.json`` builds one ``LLM`` (with or without the
+kvtier connector) and executes the spec's program. The benchmark commands and the tests use
+it in a subprocess per engine configuration, because vLLM keeps process-global state (the
+KV connector agent) that cannot be rebuilt inside one process.
+
+SPEC (JSON)::
+
+    {"model": "<dir>" | null (SmolLM2), "engine": {LLM keyword overrides},
+     "connector": {kv_connector_extra_config} | null, "by_name": false,
+     "multiprocess": false, "inspect": false,
+     "program": [
+        {"op": "serve", "name": "...", "requests": [{"id": "a", "prompt": [ids],
+          "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>"}],
+         "max_concurrency": 4},
+        {"op": "reset_prefix_cache"}, {"op": "drain"}]}
+
+``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
+than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
+end-to-end latency, output token ids, cached prompt tokens and kvtier's hit sources.
+A request with ``extend`` continues an earlier request: its prompt is that request's
+prompt + its output + ``prompt`` (multi-turn chat). ``drain`` steps the idle engine until
+kvtier has no job in flight. OUT holds every op's results and, with ``inspect``, kvtier's
+internal state (in-process engines only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def build_llm(spec: dict[str, Any]) -> Any:
+    if not spec.get("multiprocess"):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    from kvtier.models import smollm2_path
+
+    kw: dict[str, Any] = {
+        "model": spec.get("model") or smollm2_path(),
+        "dtype": "bfloat16",
+        "max_model_len": 8192,
+        "enforce_eager": True,
+        "enable_prefix_caching": True,
+        "block_size": 32,
+        "max_num_seqs": 8,
+        "seed": 0,
+    }
+    kw.update(spec.get("engine") or {})
+    if spec.get("connector") is not None:
+        kvt: dict[str, Any] = {
+            "kv_connector": "KVTierConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": spec["connector"],
+        }
+        if not spec.get("by_name"):
+            kvt["kv_connector_module_path"] = "kvtier.vllm"
+        kw["kv_transfer_config"] = KVTransferConfig(**kvt)
+    return LLM(**kw)
+
+
+def _connector(llm: Any) -> Any:
+    """The scheduler-side kvtier connector of an in-process engine, or None."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    return getattr(scheduler, "connector", None)
+
+
+def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    conn = _connector(llm)
+    pending = sorted(op["requests"], key=lambda r: r.get("arrival", 0.0))
+    limit = op.get("max_concurrency", 1 << 30)
+    running: dict[str, dict[str, Any]] = {}
+    done: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    while pending or running:
+        now = time.perf_counter() - t0
+        while pending and len(running) < limit and pending[0].get("arrival", 0.0) <= now:
+            r = pending.pop(0)
+            prompt = list(r["prompt"])
+            if r.get("extend"):
+                prompt = history[r["extend"]] + prompt
+            sp = SamplingParams(
+                temperature=0.0,
+                max_tokens=r.get("max_tokens", 8),
+                ignore_eos=r.get("ignore_eos", False),
+            )
+            engine.add_request(r["id"], TokensPrompt(prompt_token_ids=prompt), sp)
+            running[r["id"]] = {
+                "id": r["id"],
+                "prompt_len": len(prompt),
+                "prompt": prompt,
+                "start": time.perf_counter(),
+            }
+        if not running:
+            time.sleep(max(0.0, min(0.05, pending[0].get("arrival", 0.0) - now)))
+            continue
+        for out in engine.step():
+            rec = running.get(out.request_id)
+            if rec is None:
+                continue
+            t = time.perf_counter()
+            if "ttft" not in rec and out.outputs and out.outputs[0].token_ids:
+                rec["ttft"] = t - rec["start"]
+            if out.finished:
+                rec["e2e"] = t - rec["start"]
+                rec["output"] = list(out.outputs[0].token_ids)
+                rec["num_cached"] = out.num_cached_tokens or 0
+                history[rec["id"]] = rec.pop("prompt") + rec["output"]
+                done[rec["id"]] = running.pop(rec["id"])
+    elapsed = time.perf_counter() - t0
+    if conn is not None:
+        recorded = {rid.rsplit("-", 1)[0]: s for rid, s in conn.manager.recent_hit_sources}
+        for rid, rec in done.items():
+            rec["hit_sources"] = {s.label: n for s, n in recorded.get(rid, {}).items()}
+    for rec in done.values():
+        rec.pop("start", None)
+    return {
+        "name": op.get("name", ""),
+        "seconds": elapsed,
+        "requests": [done[r["id"]] for r in op["requests"]],
+    }
+
+
+def drain(llm: Any, timeout: float = 30.0) -> None:
+    """Step the engine until kvtier's jobs in flight are done and reported."""
+    conn = _connector(llm)
+    if conn is None:
+        time.sleep(0.2)  # another process: give its copy threads a moment
+        return
+    core = llm.llm_engine.engine_core.engine_core
+    deadline = time.monotonic() + timeout
+    while conn.manager.has_pending_jobs() and time.monotonic() < deadline:
+        core.step()
+        time.sleep(0.002)
+
+
+def inspect(llm: Any) -> dict[str, Any]:
+    """kvtier's scheduler- and worker-side state after the program (in-process only)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    conn = _connector(llm)
+    drain(llm)
+    conn.get_kv_connector_stats()  # fold the last interval into the totals
+    m = conn.manager
+    index = m.tiers[0].index
+    index.check()
+    worker: Any = getattr(get_kv_transfer_group(), "worker", None)
+    return {
+        "metrics": conn.totals.to_dict(),
+        "hit_sources": [
+            [rid, {s.label: n for s, n in srcs.items()}] for rid, srcs in m.recent_hit_sources
+        ],
+        "steps": m.steps,
+        "pending_jobs": m.has_pending_jobs(),
+        "requests": m.num_requests(),
+        "pins": sum(e.pins for e in index._entries.values()),
+        "chunks": len(index),
+        "chunk_tokens": m.chunk_tokens,
+        "budget_limit": m.budget.limit,
+        "bandwidth": m.budget.bandwidth,
+        "step_seconds": m.budget.step_seconds,
+        "worker_inflight": len(worker._inflight),
+        "failed_reads": getattr(worker.engine.stores["cpu"], "failed_reads", 0),
+    }
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    llm = build_llm(spec)
+    out: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0, "ops": []}
+    history: dict[str, list[int]] = {}
+    for op in spec["program"]:
+        kind = op["op"]
+        if kind == "serve":
+            out["ops"].append(serve(llm, op, history))
+        elif kind == "reset_prefix_cache":
+            drain(llm)
+            llm.reset_prefix_cache()
+        elif kind == "drain":
+            drain(llm)
+        else:
+            raise ValueError(f"runner: unknown op {kind!r}")
+    if spec.get("inspect") and _connector(llm) is not None:
+        out["kvtier"] = inspect(llm)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kvtier.vllm.runner SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    with open(args[0]) as f:
+        spec = json.load(f)
+    result = run(spec)
+    with open(args[1], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
