@@ -1,7 +1,7 @@
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.layout import AttentionKind, KVGroup, KVLayout, auto_chunk_tokens, dtype_bytes
+from kvtier.layout import AttentionKind, KVGroup, KVLayout, dtype_bytes
 
 
 def test_smollm2_bytes_per_token():
@@ -39,10 +39,3 @@ def test_digest_changes_with_geometry():
     assert (
         KVLayout.dense(30, 3, 64).digest() == KVLayout.dense(30, 3, 64, "torch.bfloat16").digest()
     )
-
-
-def test_auto_chunk_tokens():
-    # SmolLM2 on vLLM CPU: 32-token blocks, 768 B per token per layer -> 96 tokens (72 KiB).
-    assert auto_chunk_tokens(32, 768) == 96
-    assert auto_chunk_tokens(16, 4096) == 16
-    assert auto_chunk_tokens(16, 1) % 16 == 0

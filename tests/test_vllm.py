@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-CHUNK = 64  # auto chunk size for fp32 SmolLM2 on vLLM CPU (32-token blocks, 1536 B/token/layer)
+CHUNK = 32  # default chunk size: the engine block size (vLLM CPU needs multiples of 32)
 BYTES_PER_TOKEN = 46_080  # 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes
 
 

@@ -60,8 +60,9 @@ class KVTierConfig:
 
     chunk_tokens: int = 0
     """Tokens per chunk, the unit of lookup, storage and transfer. Must be a multiple of the
-    engine's block size. 0 (default) picks the smallest multiple of the block size whose
-    per-layer copy is at least 64 KiB, where batched copies reach memcpy speed."""
+    engine's block size. 0 (default) uses the block size itself: hits are as fine-grained as
+    the engine's own prefix cache, and copies stay batched because a request's chunks take
+    consecutive slots (one copy per layer per run of slots, whatever the chunk size)."""
 
     cpu_bytes: int = 4 << 30
     """Capacity of the CPU tier in bytes (per device). The slab is allocated once at start."""

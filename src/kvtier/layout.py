@@ -140,18 +140,3 @@ class KVLayout:
             for g in self.groups
         )
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-def auto_chunk_tokens(
-    block_tokens: int, per_layer_token_bytes: int, min_copy: int = 64 << 10
-) -> int:
-    """Smallest multiple of ``block_tokens`` whose per-layer copy is >= ``min_copy`` bytes.
-
-    Batched copies of >= 64 KiB runs reach memcpy speed here; smaller runs pay per-copy
-    overhead. ``per_layer_token_bytes`` is one token's K+V bytes in one layer.
-    """
-    if block_tokens <= 0:
-        raise ConfigError(f"block_tokens: must be > 0, got {block_tokens}")
-    per_block = max(1, block_tokens * per_layer_token_bytes)
-    blocks = max(1, -(-min_copy // per_block))
-    return blocks * block_tokens

@@ -24,7 +24,7 @@ from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.keys import Key, KeyChain, Namespace
-from kvtier.layout import KVLayout, auto_chunk_tokens
+from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.admission import make_admission_policy
 from kvtier.sources import HitRun, HitSource, hit_sources
@@ -100,11 +100,7 @@ def resolve_chunk_tokens(config: KVTierConfig, block_tokens: int, layout: KVLayo
                 f"size {block_tokens}"
             )
         return config.chunk_tokens
-    per_layer = max(
-        (g.bytes_per_token // g.num_layers for g in layout.groups if g.bytes_per_token),
-        default=1,
-    )
-    return auto_chunk_tokens(block_tokens, per_layer)
+    return block_tokens
 
 
 class CacheManager:
@@ -140,7 +136,10 @@ class CacheManager:
         self.num_workers = num_workers
         self.metrics = metrics or Metrics()
         self.budget = BudgetTracker(config.sync_budget)
-        self.admission = make_admission_policy(config.admission_min_seen)
+        # Remember seen counts for a few times more keys than the first tier holds.
+        self.admission = make_admission_policy(
+            config.admission_min_seen, max_tracked=max(1 << 16, 4 * self.tiers[0].index.num_slots)
+        )
         self.defer_on_inflight_loads = defer_on_inflight_loads
         self._reqs: dict[str, _Request] = {}
         self._jobs: dict[int, _Job] = {}
@@ -282,7 +281,6 @@ class CacheManager:
             slots = index.slots_of(chunk_keys)
             deepest = chunk_keys[-1]
             index.pin([deepest])
-            index.touch([deepest])
             job = self._new_job(
                 req,
                 TransferJob(
@@ -295,6 +293,12 @@ class CacheManager:
             self._pending_loads.append(job)
             mode = "sync" if sync else "async"
             self.metrics.inc("loads", 1, tier_name, mode)
+        # Reuse refreshes the hit chain in every tier that holds (part of) it: with
+        # write-through, a prefix hot in the CPU tier must not age out of the disk tier.
+        for tier in self.tiers:
+            held = tier.index.prefix_len(keys[:end_chunk])
+            if held:
+                tier.index.touch(keys[:held])
         if not sync:
             self.budget.release(req_id)
         # Recorded here, not when vLLM asks for hit sources: it only asks with stats enabled.

@@ -47,6 +47,6 @@ class SeenCountAdmission(AdmissionPolicy):
         return self._seen.get(key, 0) >= self.min_seen
 
 
-def make_admission_policy(min_seen: int) -> AdmissionPolicy:
+def make_admission_policy(min_seen: int, max_tracked: int = 1 << 16) -> AdmissionPolicy:
     """``min_seen`` <= 1 stores everything; otherwise a SeenCountAdmission."""
-    return AdmissionPolicy() if min_seen <= 1 else SeenCountAdmission(min_seen)
+    return AdmissionPolicy() if min_seen <= 1 else SeenCountAdmission(min_seen, max_tracked)

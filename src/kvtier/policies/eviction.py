@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from kvtier.errors import ConfigError
 from kvtier.keys import Key
@@ -35,6 +35,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def touch(self, key: Key) -> None:
         """A stored key was used again."""
+
+    def touch_many(self, keys: Iterable[Key]) -> None:
+        """``touch`` each key in order (the last one ends up the most recent)."""
+        for key in keys:
+            self.touch(key)
 
     @abstractmethod
     def remove(self, key: Key, evicted: bool = False) -> None:
@@ -62,6 +67,12 @@ class LRUPolicy(EvictionPolicy):
     def touch(self, key: Key) -> None:
         if key in self._order:
             self._order.move_to_end(key)
+
+    def touch_many(self, keys: Iterable[Key]) -> None:
+        order = self._order
+        for key in keys:
+            if key in order:
+                order.move_to_end(key)
 
     def remove(self, key: Key, evicted: bool = False) -> None:
         self._order.pop(key, None)

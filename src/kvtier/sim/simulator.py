@@ -5,8 +5,9 @@ Each request of a trace is replayed in file order through kvtier's own bookkeepi
 1. *Lookup*, as :meth:`kvtier.manager.CacheManager.lookup` does it: the admission policy
    observes the request's keys once, then every tier, innermost first, answers
    :meth:`~kvtier.tiers.index.SlotIndex.prefix_len`; tier t serves the blocks between the
-   previous tiers' coverage and its own prefix. The deepest key of each tier's run is
-   touched (the manager touches what it pins: the deepest chunk a load reads per tier).
+   previous tiers' coverage and its own prefix. Every tier then refreshes the part of the
+   hit chain it holds, tail first, as the manager does, so ancestors stay more recent than
+   their descendants.
 2. *Store*, as the manager's store planner does it, in every tier (tier 0 is the CPU tier;
    a second tier models a write-through disk tier, so it receives the same chunks): the
    chunks after the tier's present prefix, cut at the first one the admission policy
@@ -155,8 +156,12 @@ def replay_index(
             if n > covered:
                 hit_blocks[t] += n - covered
                 hit_tokens[t] += min(n * block, ntok) - min(covered * block, ntok)
-                index.touch([keys[n - 1]])
                 covered = n
+        # The manager refreshes the whole hit chain in every tier that holds part of it.
+        for index in indexes:
+            held = index.prefix_len(keys)
+            if held:
+                index.touch(keys[:held])
         for index in indexes:
             _store(index, keys, admission if filtering else None)
             if check:
@@ -350,9 +355,7 @@ def run_sim(
     if not capacities:
         raise ConfigError("capacities: at least one configuration is needed")
     configs = [
-        tier_capacities(
-            c, tiers, block_tokens=block_tokens, bytes_per_token=bytes_per_token
-        )
+        tier_capacities(c, tiers, block_tokens=block_tokens, bytes_per_token=bytes_per_token)
         for c in capacities
     ]
     t0 = time.perf_counter()
@@ -360,7 +363,9 @@ def run_sim(
         trace_path, limit=limit, block_tokens=block_tokens, trace_block_tokens=trace_block_tokens
     )
     load_seconds = time.perf_counter() - t0
-    bar = _progress_bar(len(configs) * len(specs) * len(trace.keys), progress)
+    # A Belady run replays once per tier (cumulative sizes); the others once.
+    work = sum(len(c) if s.kind == "belady" else 1 for c in configs for s in specs)
+    bar = _progress_bar(work * len(trace.keys), progress)
     runner = _Runner(trace, bar.update if bar is not None else None)
     runs = []
     try:
@@ -411,12 +416,13 @@ def _run_entry(
     return {
         "config": " + ".join(t.label() for t in config),
         "capacity": [
-            {"tier": t.name, "tokens": t.tokens, "slots": t.slots, "bytes": t.bytes}
-            for t in config
+            {"tier": t.name, "tokens": t.tokens, "slots": t.slots, "bytes": t.bytes} for t in config
         ],
         "policy": spec.name,
         "hit_tokens": hit_tokens,
-        "hit_ratio": {k: (v / total_tokens if total_tokens else 0.0) for k, v in hit_tokens.items()},
+        "hit_ratio": {
+            k: (v / total_tokens if total_tokens else 0.0) for k, v in hit_tokens.items()
+        },
         "hit_blocks": hit_blocks,
         "evictions": dict(zip(names, counts.evictions, strict=True)),
         "seconds": round(seconds, 4),

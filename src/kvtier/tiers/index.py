@@ -127,11 +127,19 @@ class SlotIndex:
             if prev is not None:
                 self._entries[prev].children.append(key)
             prev = key
-        # Children first, so ancestors end up more recent: LRU-like orders then meet leaves
-        # before their parents.
+        # Children first, then the existing ancestors are touched: every ancestor stays more
+        # recent than its descendants, so recency orders meet leaves first and eviction
+        # never has to scan past inner nodes.
         for key in reversed(keys[:n]):
             self.policy.insert(key)
+        self._touch_ancestors(parent)
         return slots
+
+    def _touch_ancestors(self, key: Key | None) -> None:
+        touch, entries = self.policy.touch, self._entries
+        while key is not None:
+            touch(key)
+            key = entries[key].parent
 
     def commit(self, keys: Iterable[Key], ok: Iterable[bool]) -> list[Key]:
         """Finish stores: successful keys become READY, failed ones are dropped with their
@@ -181,9 +189,11 @@ class SlotIndex:
                 self._drop(key)
 
     def touch(self, keys: Sequence[Key]) -> None:
-        """Record reuse of a chain prefix (tail first, so ancestors are the most recent)."""
-        for key in reversed(keys):
-            self.policy.touch(key)
+        """Record reuse of a chain prefix ``keys`` (which must start at the chain's root).
+
+        Tail first, so ancestors end up the most recent (see :meth:`reserve`).
+        """
+        self.policy.touch_many(reversed(keys))
 
     # -- removal ---------------------------------------------------------------------------
 
@@ -239,6 +249,18 @@ class SlotIndex:
         self._free.append(e.slot)
 
     def _evict(self, n: int, protect: Key | None) -> list[Key]:
+        """Evict up to ``n`` leaves in policy order. A parent left childless by this pass
+        may come earlier in the order than its child, so passes repeat while they free
+        something and more is needed."""
+        victims: list[Key] = []
+        while len(victims) < n:
+            got = self._evict_pass(n - len(victims), protect)
+            if not got:
+                break
+            victims += got
+        return victims
+
+    def _evict_pass(self, n: int, protect: Key | None) -> list[Key]:
         victims: list[Key] = []
         gone_children: dict[Key, int] = {}
         entries = self._entries

@@ -15,9 +15,10 @@ def copy_segments(
 ) -> None:
     """``dst[i].copy_(src[i])`` for every i, in one call when torch allows.
 
-    One ``_foreach_copy_`` call loops in C++, so per-segment cost is a few hundred
-    nanoseconds instead of a Python-level ``copy_`` each; runs of >= 64 KiB then move at
-    memcpy speed. Falls back to a Python loop on torch builds without it.
+    The generic path (device copies, stores without a batched row path): one
+    ``_foreach_copy_`` call loops in C++, so per-segment cost is a few hundred nanoseconds
+    instead of a Python-level ``copy_`` each. Falls back to a Python loop on torch builds
+    without it.
     """
     if not dst:
         return

@@ -1,0 +1,202 @@
+"""TTFT of a kvtier CPU-tier hit on vLLM (CPU backend, SmolLM2) against the engine's own
+prefix cache and against recomputing, plus the connector's cost on a miss-only workload.
+
+For each prompt size (default 1k and 4k tokens), median of ``--reps`` requests, each a
+distinct document (no shared prefix), one request at a time on an idle engine:
+
+(a) recompute: the prompt seen for the first time (engine without a connector);
+(b) prefix hit: the same prompt again, served by the engine's own prefix cache;
+(c) kvtier sync: the prompt was served once, the engine's prefix cache was reset, the
+    prompt comes again and kvtier loads it from the CPU tier within the step;
+(d) kvtier async: as (c) with ``sync_budget=0``, so the load runs between steps.
+
+Miss path: 12 distinct 1k-token prompts, 32 output tokens each, 4 at a time; throughput
+(prompt + output tokens per second) with the connector on (0% reuse: every chunk is stored,
+nothing is ever hit) and off, measured twice per engine, best of the two.
+
+Each engine configuration runs in its own process (``kvtier.vllm.runner``); the engines
+run one after another on the same machine, so ratios are taken within this run.
+Run: ``.venv/bin/python benchmarks/vllm_ttft.py [--quick] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from common import format_table, machine_info, write_json
+from kvtier.bench.engine import run_engine
+from kvtier.bench.prompts import exact_document
+from kvtier.models import smollm2_path
+
+MISS_PROMPTS, MISS_TOKENS, MISS_OUT, MISS_CONC = 12, 1024, 32, 4
+
+
+def serve(
+    name: str, prompts: list[list[int]], max_tokens: int = 1, conc: int = 1, prefix: str = ""
+) -> dict[str, Any]:
+    reqs = [
+        {"id": f"{prefix or name}-{i}", "prompt": p, "max_tokens": max_tokens, "ignore_eos": True}
+        for i, p in enumerate(prompts)
+    ]
+    return {"op": "serve", "name": name, "requests": reqs, "max_concurrency": conc}
+
+
+def one_by_one(name: str, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """Each prompt as its own op, so every request finds an idle engine."""
+    return [serve(f"{name}", [p], prefix=f"{name}{i}") for i, p in enumerate(prompts)]
+
+
+def program(
+    kind: str, sizes: list[int], reps: int, docs: dict[int, list[list[int]]], miss: list[list[int]]
+) -> list[dict[str, Any]]:
+    warm = [serve("warmup", [docs[sizes[0]][-1][:256]])]
+    ops: list[dict[str, Any]] = list(warm)
+    if kind in ("off", "sync"):
+        ops.append(serve("miss", miss, MISS_OUT, MISS_CONC))
+    for size in sizes:
+        prompts = docs[size][:reps]
+        for i, p in enumerate(prompts):
+            ops.append(serve(f"first-{size}", [p], prefix=f"first-{size}-{i}"))
+            if kind == "off":
+                ops.append(serve(f"again-{size}", [p], prefix=f"again-{size}-{i}"))
+            else:
+                ops.append({"op": "reset_prefix_cache"})
+                ops.append(serve(f"again-{size}", [p], prefix=f"again-{size}-{i}"))
+    if kind in ("off", "sync"):
+        ops.append({"op": "reset_prefix_cache"})
+        ops.append(serve("miss", [p[::-1] for p in miss], MISS_OUT, MISS_CONC, prefix="miss2"))
+    return ops
+
+
+def ttfts(result: dict[str, Any], name: str) -> list[float]:
+    return [r["ttft"] for op in result["ops"] if op["name"] == name for r in op["requests"]]
+
+
+def throughput(result: dict[str, Any]) -> float:
+    best = 0.0
+    for op in result["ops"]:
+        if op["name"] == "miss":
+            tokens = sum(r["prompt_len"] + len(r["output"]) for r in op["requests"])
+            best = max(best, tokens / op["seconds"])
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--quick", action="store_true", help="1k only, 3 repetitions")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sizes", default="1024,4096")
+    args = ap.parse_args()
+    sizes = [1024] if args.quick else [int(x) for x in args.sizes.split(",")]
+    reps = 3 if args.quick else args.reps
+    model = smollm2_path()
+    docs = {s: [exact_document(model, 100 * s + i, s) for i in range(reps + 1)] for s in sizes}
+    miss = [exact_document(model, 7000 + i, MISS_TOKENS) for i in range(MISS_PROMPTS)]
+    engine = {"max_model_len": 8192}
+    configs = {
+        "off": None,
+        "sync": {"cpu_bytes": "2GiB", "sync_budget": "4GiB"},
+        "async": {"cpu_bytes": "2GiB", "sync_budget": 0},
+    }
+    results: dict[str, Any] = {}
+    for kind, connector in configs.items():
+        t0 = time.perf_counter()
+        print(f"engine '{kind}' ...", flush=True)
+        results[kind] = run_engine(
+            {
+                "connector": connector,
+                "engine": engine,
+                "inspect": connector is not None,
+                "program": program(kind, sizes, reps, docs, miss),
+            }
+        )
+        print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+    med = statistics.median
+    rows, cases = [], {}
+    for size in sizes:
+        t = {
+            "recompute": med(ttfts(results["off"], f"first-{size}")),
+            "prefix_hit": med(ttfts(results["off"], f"again-{size}")),
+            "kvtier_sync": med(ttfts(results["sync"], f"again-{size}")),
+            "kvtier_async": med(ttfts(results["async"], f"again-{size}")),
+        }
+        cases[size] = {k: {"median_s": v} for k, v in t.items()}
+        for k in cases[size]:
+            src = {
+                "recompute": ("off", "first"),
+                "prefix_hit": ("off", "again"),
+                "kvtier_sync": ("sync", "again"),
+                "kvtier_async": ("async", "again"),
+            }[k]
+            cases[size][k]["samples_s"] = ttfts(results[src[0]], f"{src[1]}-{size}")
+        for k, v in t.items():
+            rows.append(
+                [
+                    f"{size}",
+                    k,
+                    f"{v * 1e3:.1f}",
+                    f"{v / t['prefix_hit']:.2f}",
+                    f"{t['recompute'] / v:.1f}",
+                ]
+            )
+    print()
+    print(
+        format_table(
+            ["prompt", "case", "TTFT ms", "x prefix hit", "recompute / this"],
+            rows,
+            title=f"TTFT, median of {reps} (SmolLM2-135M bf16, vLLM CPU)",
+        )
+    )
+    tput_on, tput_off = throughput(results["sync"]), throughput(results["off"])
+    print(
+        f"\nmiss path ({MISS_PROMPTS} x {MISS_TOKENS}-token prompts, {MISS_OUT} out, "
+        f"{MISS_CONC} at a time): on {tput_on:.0f} tok/s, off {tput_off:.0f} tok/s, "
+        f"ratio {tput_on / tput_off:.3f} (target >= 0.97)"
+    )
+
+    def ratio(size: int, a: str, b: str) -> float | None:
+        return cases[size][a]["median_s"] / cases[size][b]["median_s"] if size in cases else None
+
+    summary = {
+        "ttft_sync_hit_over_prefix_hit_1k": ratio(1024, "kvtier_sync", "prefix_hit"),
+        "ttft_sync_hit_over_prefix_hit_4k": ratio(4096, "kvtier_sync", "prefix_hit"),
+        "ttft_async_over_sync_1k": ratio(1024, "kvtier_async", "kvtier_sync"),
+        "ttft_recompute_over_sync_4k": ratio(4096, "recompute", "kvtier_sync"),
+        "miss_path_throughput_ratio": tput_on / tput_off,
+    }
+    print(
+        "\nsummary:",
+        ", ".join(f"{k}={v:.3f}" if v is not None else f"{k}=n/a" for k, v in summary.items()),
+    )
+    write_json(
+        args.json,
+        {
+            "summary": summary,
+            "machine": machine_info(),
+            "workload": {
+                "sizes": sizes,
+                "reps": reps,
+                "model": "SmolLM2-135M-Instruct bf16",
+                "engine": engine,
+                "configs": configs,
+                "miss": {
+                    "prompts": MISS_PROMPTS,
+                    "tokens": MISS_TOKENS,
+                    "output": MISS_OUT,
+                    "concurrency": MISS_CONC,
+                },
+            },
+            "cases": {str(k): v for k, v in cases.items()},
+            "throughput_tok_s": {"connector_on": tput_on, "connector_off": tput_off},
+            "kvtier": {k: r.get("kvtier") for k, r in results.items()},
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
