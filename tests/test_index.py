@@ -124,3 +124,17 @@ def test_random_operations_keep_invariants(sequence, capacity, policy):
     # every pinned key that was ready when pinned is still there
     for k in pins:
         assert k in idx._entries
+
+
+def test_a_slot_being_written_is_never_handed_out_again():
+    """Invalidating a key whose store is in flight must not free its slot before the
+    write ends, or a new key could get the slot while the old write still lands in it."""
+    idx = SlotIndex(1, make_eviction_policy("lru", 1))
+    (a, b) = chains(2, 1)[0][:1], chains(3, 1)[2][:1]
+    assert idx.reserve(a, None) == [0]
+    idx.invalidate(a[0])
+    assert idx.reserve(b, None) == []  # the only slot is still being written
+    idx.commit(a, [True])  # the write ends: the doomed key goes, its slot frees
+    assert not idx.has(a[0])
+    assert idx.reserve(b, None) == [0]
+    idx.check()

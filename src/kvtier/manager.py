@@ -152,6 +152,8 @@ class CacheManager:
         self._loading: dict[int, tuple[int, int, list[Key]]] = {}
         self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
         """The last requests' hit sources (inspection and tests)."""
+        self.recent_load_modes: deque[tuple[str, str]] = deque(maxlen=4096)
+        """The last requests' load modes, "sync" or "async" (inspection and tests)."""
         self.steps = 0
 
     # -- requests --------------------------------------------------------------------------
@@ -304,6 +306,7 @@ class CacheManager:
         # Recorded here, not when vLLM asks for hit sources: it only asks with stats enabled.
         sources = hit_sources([req.load_runs], start, end)
         self.recent_hit_sources.append((req_id, sources))
+        self.recent_load_modes.append((req_id, "sync" if sync else "async"))
         for source, n in sources.items():
             self.metrics.inc("hit_tokens", n, source.label)
 

@@ -29,6 +29,11 @@ def exact_document(model_dir: str, seed: int, tokens: int) -> list[int]:
     return ids[:tokens]
 
 
+def document_text(model_dir: str, seed: int, tokens: int) -> str:
+    """The text of :func:`exact_document` (about ``tokens`` tokens once re-encoded)."""
+    return str(tokenizer(model_dir).decode(exact_document(model_dir, seed, tokens)))
+
+
 def chat_turn(model_dir: str, user: str, system: bool = True) -> list[int]:
     """A user turn in the model's chat format, ready for the assistant's answer."""
     text = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n" if system else ""
@@ -43,4 +48,4 @@ def followup(model_dir: str, user: str) -> list[int]:
     )
 
 
-__all__ = ["chat_turn", "encode", "exact_document", "followup", "question"]
+__all__ = ["chat_turn", "document_text", "encode", "exact_document", "followup", "question"]

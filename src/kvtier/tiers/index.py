@@ -41,6 +41,11 @@ class _Entry:
     children: list[Key] = field(default_factory=list)
 
 
+def _writing(e: _Entry) -> bool:
+    """A store into the entry's slot may still be running."""
+    return e.state == STORING and not e.done
+
+
 class SlotIndex:
     """Key -> slot map of a tier with ``num_slots`` fixed-size slots."""
 
@@ -150,6 +155,7 @@ class SlotIndex:
             if e is None or e.state != STORING:
                 continue
             if not success or e.doomed or (e.parent is not None and e.parent not in self._entries):
+                e.done = True  # its write is over: its slot may be reused now
                 dropped.extend(self._drop(key))
                 continue
             e.done = True
@@ -164,7 +170,33 @@ class SlotIndex:
             e = self._entries[k]
             e.state = READY
             e.done = False
-            stack.extend(c for c in e.children if self._entries[c].done)
+            stack.extend(
+                c for c in e.children if self._entries[c].done and not self._entries[c].doomed
+            )
+
+    def restore(self, entries: Iterable[tuple[Key, int, Key | None]]) -> int:
+        """Re-admit READY chunks at known slots into an empty index (a tier's restart).
+
+        ``entries``: ``(key, slot, parent)``, parents before children, oldest first; the
+        caller has already checked prefix closure. Keys are inserted into the eviction
+        policy in the given order, so later entries are more recent. Returns the count.
+        """
+        if self._entries:
+            raise ValueError("restore needs an empty index")
+        taken: set[int] = set()
+        for key, slot, parent in entries:
+            if not 0 <= slot < self.num_slots or slot in taken or key in self._entries:
+                raise ValueError(f"restore: bad or repeated slot {slot} / key")
+            if parent is not None and parent not in self._entries:
+                raise ValueError("restore: a parent must come before its children")
+            taken.add(slot)
+            self._entries[key] = _Entry(slot, parent, state=READY)
+            if parent is not None:
+                self._entries[parent].children.append(key)
+            self.policy.insert(key)
+        # Lowest free slots first, as on a fresh index.
+        self._free = [s for s in range(self.num_slots - 1, -1, -1) if s not in taken]
+        return len(taken)
 
     # -- loads -----------------------------------------------------------------------------
 
@@ -211,10 +243,12 @@ class SlotIndex:
         """Forget everything that is not pinned or being stored (reset)."""
         for key, e in list(self._entries.items()):
             if key in self._entries and e.parent is None:
-                self._drop(key, keep_busy=True)
+                self._drop(key)
 
-    def _drop(self, key: Key, keep_busy: bool = False) -> list[Key]:
-        """Remove a subtree; pinned or in-flight members are doomed instead of freed."""
+    def _drop(self, key: Key) -> list[Key]:
+        """Remove a subtree; members being read (pinned) or written (a store in flight)
+        are doomed instead of freed, so their slot is never handed out while a copy still
+        uses it. They go when that copy ends (unpin, commit)."""
         removed: list[Key] = []
         order: list[Key] = []
         stack = [key]
@@ -225,7 +259,7 @@ class SlotIndex:
         # Leaves first so every parent is still there when its child detaches.
         for k in reversed(order):
             e = self._entries[k]
-            busy = e.pins > 0 or (keep_busy and e.state == STORING)
+            busy = e.pins > 0 or _writing(e)
             if busy:
                 e.doomed = True
                 continue
@@ -243,7 +277,7 @@ class SlotIndex:
             p = self._entries.get(e.parent)
             if p is not None:
                 p.children.remove(key)
-                if p.doomed and not p.children and p.pins == 0:
+                if p.doomed and not p.children and p.pins == 0 and not _writing(p):
                     self._remove(e.parent, evicted=False)
         self.policy.remove(key, evicted=evicted)
         self._free.append(e.slot)

@@ -46,9 +46,13 @@ class SlotTier(Tier):
         if not slots:
             return present
         n = len(slots)
-        ok = self.store.write(slots, todo[:n], [[(0, data[present + i])] for i in range(n)])
+        ok = [False] * n
+        try:
+            ok = self.store.write(slots, todo[:n], [[(0, data[present + i])] for i in range(n)])
+        finally:  # a raising store must not leave slots reserved forever
+            with self._lock:
+                self.index.commit(todo[:n], ok)
         with self._lock:
-            self.index.commit(todo[:n], ok)
             return self.index.prefix_len(keys, any_state=True)
 
     def get(self, keys: Sequence[Key], out: torch.Tensor) -> int:

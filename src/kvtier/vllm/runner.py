@@ -19,10 +19,13 @@ SPEC (JSON)::
 ``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
 than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
 end-to-end latency, output token ids, cached prompt tokens and kvtier's hit sources.
-A request with ``extend`` continues an earlier request: its prompt is that request's
-prompt + its output + ``prompt`` (multi-turn chat). ``drain`` steps the idle engine until
+A request with ``extend`` continues an earlier request once that one has finished: its
+prompt is that request's prompt + its output (without a final end-of-sequence token) +
+``prompt`` (multi-turn chat). ``reset_prefix_cache`` drops the engine's own prefix cache
+(and kvtier's tiers too with ``"connector": true``). ``drain`` steps the idle engine until
 kvtier has no job in flight. OUT holds every op's results and, with ``inspect``, kvtier's
-internal state (in-process engines only).
+internal state (in-process engines only). With ``$KVTIER_PROGRESS`` set, the number of
+requests finished so far (all ops) is written to that file as they finish.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ import os
 import sys
 import time
 from typing import Any
+
+_FINISHED = [0]
+"""Requests finished by this process, across ops (the progress counter)."""
 
 
 def build_llm(spec: dict[str, Any]) -> Any:
@@ -79,6 +85,8 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
 
     engine = llm.llm_engine
     conn = _connector(llm)
+    eos = getattr(llm.get_tokenizer(), "eos_token_id", None)
+    progress = os.environ.get("KVTIER_PROGRESS")
     pending = sorted(op["requests"], key=lambda r: r.get("arrival", 0.0))
     limit = op.get("max_concurrency", 1 << 30)
     running: dict[str, dict[str, Any]] = {}
@@ -86,11 +94,14 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
     t0 = time.perf_counter()
     while pending or running:
         now = time.perf_counter() - t0
-        while pending and len(running) < limit and pending[0].get("arrival", 0.0) <= now:
-            r = pending.pop(0)
+        while len(running) < limit:
+            r = _next_ready(pending, now, history)
+            if r is None:
+                break
             prompt = list(r["prompt"])
             if r.get("extend"):
-                prompt = history[r["extend"]] + prompt
+                prev = history[r["extend"]]
+                prompt = (prev[:-1] if prev and prev[-1] == eos else prev) + prompt
             sp = SamplingParams(
                 temperature=0.0,
                 max_tokens=r.get("max_tokens", 8),
@@ -104,7 +115,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 "start": time.perf_counter(),
             }
         if not running:
-            time.sleep(max(0.0, min(0.05, pending[0].get("arrival", 0.0) - now)))
+            time.sleep(0.005)
             continue
         for out in engine.step():
             rec = running.get(out.request_id)
@@ -119,11 +130,17 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 rec["num_cached"] = out.num_cached_tokens or 0
                 history[rec["id"]] = rec.pop("prompt") + rec["output"]
                 done[rec["id"]] = running.pop(rec["id"])
+                if progress:
+                    _FINISHED[0] += 1
+                    with open(progress, "w") as f:
+                        f.write(str(_FINISHED[0]))
     elapsed = time.perf_counter() - t0
     if conn is not None:
         recorded = {rid.rsplit("-", 1)[0]: s for rid, s in conn.manager.recent_hit_sources}
+        modes = {rid.rsplit("-", 1)[0]: m for rid, m in conn.manager.recent_load_modes}
         for rid, rec in done.items():
             rec["hit_sources"] = {s.label: n for s, n in recorded.get(rid, {}).items()}
+            rec["load"] = modes.get(rid)
     for rec in done.values():
         rec.pop("start", None)
     return {
@@ -131,6 +148,18 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
         "seconds": elapsed,
         "requests": [done[r["id"]] for r in op["requests"]],
     }
+
+
+def _next_ready(
+    pending: list[dict[str, Any]], now: float, history: dict[str, list[int]]
+) -> dict[str, Any] | None:
+    """Pop the first request that has arrived and whose predecessor (if any) finished."""
+    for i, r in enumerate(pending):
+        if r.get("arrival", 0.0) > now:
+            return None
+        if not r.get("extend") or r["extend"] in history:
+            return pending.pop(i)
+    return None
 
 
 def drain(llm: Any, timeout: float = 30.0) -> None:
@@ -187,7 +216,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             out["ops"].append(serve(llm, op, history))
         elif kind == "reset_prefix_cache":
             drain(llm)
-            llm.reset_prefix_cache()
+            llm.reset_prefix_cache(reset_connector=bool(op.get("connector")))
         elif kind == "drain":
             drain(llm)
         else:

@@ -1,0 +1,165 @@
+"""Bench results: per workload x mode statistics, the terminal table, JSON and plots."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+SOURCES = ("device", "host", "disk", "remote", "recomputed")
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ys = sorted(xs)
+    k = max(0, min(len(ys) - 1, round(q / 100 * len(ys) + 0.5) - 1))
+    return ys[k]
+
+
+def summarize(op: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """Statistics of one workload run in one mode (``op`` is a runner ``serve`` result)."""
+    reqs = op["requests"]
+    ttft = [r["ttft"] for r in reqs]
+    tokens = dict.fromkeys(SOURCES, 0)
+    loads = {"sync": 0, "async": 0}
+    for r in reqs:
+        external = 0
+        for src, n in r.get("hit_sources", {}).items():
+            key = src if src in tokens else "remote"
+            tokens[key] += n
+            external += n
+        tokens["device"] += max(0, r["num_cached"] - external)
+        tokens["recomputed"] += r["prompt_len"] - max(r["num_cached"], external)
+        if r.get("load") in loads:
+            loads[r["load"]] += 1
+    out_tokens = sum(len(r["output"]) for r in reqs)
+    prompt_tokens = sum(r["prompt_len"] for r in reqs)
+    result: dict[str, Any] = {
+        "requests": len(reqs),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "e2e_mean_s": statistics.fmean(r["e2e"] for r in reqs),
+        "throughput_tok_s": (prompt_tokens + out_tokens) / op["seconds"],
+        "seconds": op["seconds"],
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": out_tokens,
+        "hit_tokens": tokens,
+        "loads": loads,
+        "hit_ttft_p50_s": _hit_ttft(reqs),
+    }
+    if baseline is not None:
+        base = {r["id"]: r["output"] for r in baseline["requests"]}
+        same = sum(base.get(r["id"]) == r["output"] for r in reqs)
+        result["outputs_match_baseline"] = same == len(reqs)
+        result["outputs_matching"] = same
+        b_hit = _hit_ttft(baseline["requests"])
+        h = result["hit_ttft_p50_s"]
+        result["extra_ttft_vs_baseline_hits_s"] = (h - b_hit) if h is not None and b_hit else None
+    return result
+
+
+def _hit_ttft(reqs: list[dict[str, Any]]) -> float | None:
+    """Median TTFT of requests with at least half their prompt cached (any source)."""
+    xs = [
+        r["ttft"]
+        for r in reqs
+        if max(r["num_cached"], sum(r.get("hit_sources", {}).values())) * 2 >= r["prompt_len"]
+    ]
+    return statistics.median(xs) if xs else None
+
+
+def table(workload: str, description: str, modes: dict[str, dict[str, Any]]) -> Any:
+    """A rich Table for one workload."""
+    from rich.table import Table
+
+    t = Table(title=f"{workload}: {description}", title_justify="left")
+    for col in (
+        "mode",
+        "TTFT p50",
+        "p90",
+        "p99",
+        "e2e mean",
+        "tok/s",
+        "device",
+        "host",
+        "disk",
+        "recomp.",
+        "sync/async",
+        "hit TTFT vs base",
+        "= base",
+    ):
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for mode, s in modes.items():
+        h = s["hit_tokens"]
+        extra = s.get("extra_ttft_vs_baseline_hits_s")
+        t.add_row(
+            mode,
+            _ms(s["ttft_p50_s"]),
+            _ms(s["ttft_p90_s"]),
+            _ms(s["ttft_p99_s"]),
+            f"{s['e2e_mean_s']:.2f} s",
+            f"{s['throughput_tok_s']:.0f}",
+            str(h["device"]),
+            str(h["host"]),
+            str(h["disk"]),
+            str(h["recomputed"]),
+            f"{s['loads']['sync']}/{s['loads']['async']}",
+            "-" if extra is None else f"{extra * 1e3:+.0f} ms",
+            _match(s.get("outputs_match_baseline")),
+        )
+    return t
+
+
+def _match(same: bool | None) -> str:
+    return "-" if same is None else ("yes" if same else "NO")
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.0f} ms"
+
+
+def plots(results: dict[str, Any], out_dir: Path) -> list[str]:
+    """PNG plots per workload: TTFT CDF per mode, prompt tokens by source per mode."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    for wl, data in results["workloads"].items():
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for mode, raw in data["raw"].items():
+            xs = sorted(r["ttft"] for r in raw["requests"])
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.step(xs, ys, where="post", label=mode)
+        ax.set_xlabel("TTFT (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"TTFT CDF: {wl}")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        path = out_dir / f"ttft_cdf_{wl}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        modes = list(data["modes"])
+        bottom = [0] * len(modes)
+        for src in SOURCES:
+            vals = [data["modes"][m]["hit_tokens"][src] for m in modes]
+            if any(vals):
+                ax.bar(modes, vals, bottom=bottom, label=src)
+                bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_ylabel("prompt tokens")
+        ax.set_title(f"Prompt tokens by source: {wl}")
+        ax.legend()
+        path = out_dir / f"hit_sources_{wl}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+    return written

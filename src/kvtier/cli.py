@@ -1,0 +1,149 @@
+"""The ``kvtier`` command: ``bench``, ``sim`` and ``inspect``.
+
+User mistakes (unknown model path, workload, bad size string...) end in one clear line
+and exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvtier.errors import KVTierError
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from kvtier.bench.run import BenchOptions, run_bench
+
+    opts = BenchOptions(
+        model=args.model,
+        workloads=_csv(args.workload),
+        modes=_csv(args.modes),
+        requests=args.requests,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        seed=args.seed,
+        cpu_bytes=args.cpu_bytes,
+        budget=args.budget,
+        device_blocks=args.device_blocks,
+        dtype=args.dtype,
+        max_tokens=args.max_tokens,
+        doc_tokens=args.doc_tokens,
+        trace=args.trace,
+        out=args.out,
+    )
+    run_bench(opts)
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from kvtier.sim import format_sim, run_sim
+
+    result = run_sim(
+        args.trace,
+        _csv(args.capacity),
+        policies=_csv(args.policies),
+        limit=args.limit,
+        block_tokens=args.block_tokens,
+        progress=not args.no_progress,
+    )
+    print(format_sim(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from kvtier.tiers.disk_inspect import format_inspect, inspect_dir
+
+    info = inspect_dir(args.path)
+    print(json.dumps(info, indent=2) if args.json else format_inspect(info))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvtier", description="Tiered KV-cache offloading for vLLM.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("bench", help="what tiered offload buys on a workload (real engine)")
+    b.add_argument(
+        "--model",
+        default=None,
+        help="local model directory (default: the built-in SmolLM2-135M-Instruct)",
+    )
+    b.add_argument(
+        "--workload",
+        default="multi-turn,doc-qa",
+        help="comma list of multi-turn, doc-qa, trace, no-reuse",
+    )
+    b.add_argument(
+        "--modes",
+        default="baseline,async,sync,auto",
+        help="comma list of baseline, async, sync, auto",
+    )
+    b.add_argument("--requests", type=int, default=12, help="about this many requests per workload")
+    b.add_argument("--concurrency", type=int, default=2, help="requests running at once")
+    b.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="Poisson arrivals per second (default: all ready, paced by --concurrency)",
+    )
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--cpu-bytes", default="1GiB", help="CPU tier size, e.g. 8GiB")
+    b.add_argument("--budget", default="256MiB", help="per-step sync budget of the 'sync' mode")
+    b.add_argument(
+        "--device-blocks",
+        type=int,
+        default=64,
+        help="engine KV cache in blocks (small, so offloading matters)",
+    )
+    b.add_argument(
+        "--dtype", default="auto", help="auto (bf16 only with CPU bf16 support), float32, bfloat16"
+    )
+    b.add_argument("--max-tokens", type=int, default=24, help="output tokens per request")
+    b.add_argument("--doc-tokens", type=int, default=600, help="document length in tokens")
+    b.add_argument("--trace", default=None, help="Mooncake-format JSONL for --workload trace")
+    b.add_argument("--out", default="bench-results", help="directory for results.json and plots")
+    b.set_defaults(func=_bench)
+
+    s = sub.add_parser("sim", help="trace-driven cache simulation of kvtier's policies")
+    s.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
+    s.add_argument(
+        "--capacity",
+        default="1M,3M,10M",
+        help="comma list of capacities; tokens (3M) or bytes (8GiB); 1M+10M = CPU+disk",
+    )
+    s.add_argument("--policies", default="lru,arc,lru-seen2,belady,infinite")
+    s.add_argument("--limit", type=int, default=None, help="first N requests only")
+    s.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
+    s.add_argument("--json", default=None, metavar="PATH")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=_sim)
+
+    i = sub.add_parser("inspect", help="what a disk tier directory holds (headers only)")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_inspect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KVTierError as e:
+        print(f"kvtier: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
