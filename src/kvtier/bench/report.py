@@ -70,40 +70,22 @@ def _hit_ttft(reqs: list[dict[str, Any]]) -> float | None:
 
 
 def table(workload: str, description: str, modes: dict[str, dict[str, Any]]) -> Any:
-    """A rich Table for one workload."""
+    """A rich Table for one workload (fits a 100-column terminal)."""
     from rich.table import Table
 
     t = Table(title=f"{workload}: {description}", title_justify="left")
-    for col in (
-        "mode",
-        "TTFT p50",
-        "p90",
-        "p99",
-        "e2e mean",
-        "tok/s",
-        "device",
-        "host",
-        "disk",
-        "recomp.",
-        "sync/async",
-        "hit TTFT vs base",
-        "= base",
-    ):
+    for col in ("mode", "TTFT p50/p90/p99 ms", "e2e s", "tok/s",
+                "prompt tokens dev/host/disk/recomp", "loads s/a", "hit TTFT vs base", "=base"):
         t.add_column(col, justify="left" if col == "mode" else "right")
     for mode, s in modes.items():
         h = s["hit_tokens"]
         extra = s.get("extra_ttft_vs_baseline_hits_s")
         t.add_row(
             mode,
-            _ms(s["ttft_p50_s"]),
-            _ms(s["ttft_p90_s"]),
-            _ms(s["ttft_p99_s"]),
-            f"{s['e2e_mean_s']:.2f} s",
+            "/".join(f"{s[k] * 1e3:.0f}" for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")),
+            f"{s['e2e_mean_s']:.2f}",
             f"{s['throughput_tok_s']:.0f}",
-            str(h["device"]),
-            str(h["host"]),
-            str(h["disk"]),
-            str(h["recomputed"]),
+            "/".join(str(h[k]) for k in ("device", "host", "disk", "recomputed")),
             f"{s['loads']['sync']}/{s['loads']['async']}",
             "-" if extra is None else f"{extra * 1e3:+.0f} ms",
             _match(s.get("outputs_match_baseline")),
@@ -113,10 +95,6 @@ def table(workload: str, description: str, modes: dict[str, dict[str, Any]]) -> 
 
 def _match(same: bool | None) -> str:
     return "-" if same is None else ("yes" if same else "NO")
-
-
-def _ms(x: float) -> str:
-    return f"{x * 1e3:.0f} ms"
 
 
 def plots(results: dict[str, Any], out_dir: Path) -> list[str]:

@@ -97,7 +97,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     from rich.console import Console
     from tqdm import tqdm
 
-    console = Console()
+    console = Console(width=max(100, Console().width))
     model = validate(opts)
     dtype = preferred_dtype() if opts.dtype == "auto" else opts.dtype
     wopts = WorkloadOptions(
@@ -109,11 +109,12 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         trace_path=opts.trace,
     )
     workloads = [build(name, model, wopts) for name in opts.workloads]
+    # vLLM refuses a max_model_len its KV cache could not hold for one request.
     engine = {
         "dtype": dtype,
         "max_num_seqs": opts.concurrency,
         "num_gpu_blocks_override": opts.device_blocks,
-        "max_model_len": 4096,
+        "max_model_len": min(4096, (opts.device_blocks - 1) * 32),
     }
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
