@@ -17,9 +17,9 @@ from kvtier.errors import ConfigError
 from kvtier.units import parse_size
 
 EvictionName = Literal["lru", "arc"]
-WritePolicy = Literal["write-through", "write-back"]
+WritePolicy = Literal["write-through"]
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "arc")
-WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
+WRITE_POLICIES: tuple[str, ...] = ("write-through",)
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,11 @@ class KVTierConfig:
     """Capacity of the disk tier in bytes (per device)."""
 
     disk_write_policy: WritePolicy = "write-through"
-    """"write-through": every chunk stored to the CPU tier is also written to disk, so a
-    restart finds it; "write-back": a chunk reaches disk only when the CPU tier evicts it."""
+    """"write-through" (the only policy): every chunk stored to the CPU tier is then copied
+    to disk, off the engine's path, so the disk tier holds a superset that survives CPU
+    evictions, crashes and restarts. Demoting on eviction instead would hand the disk a
+    chain's tail before its head (eviction takes leaves first), which a prefix-closed tier
+    must refuse."""
 
     disk_threads: int = 4
     """I/O threads of the disk tier."""

@@ -10,17 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-JobKind = Literal["load", "store"]
+JobKind = Literal["load", "store", "copy"]
 
 
 @dataclass(slots=True)
 class TransferJob:
-    """Copy chunks between a tier's slots and engine blocks.
+    """Copy chunks between a tier's slots and engine blocks, or between two tiers.
 
-    Chunk i lives in tier slot ``slots[i]`` under key ``keys[i]``. ``block_ids`` lists the
-    engine blocks moved, chunk after chunk: every chunk covers ``blocks_per_chunk`` blocks
-    except the first, whose leading ``skip`` blocks are not moved (the engine already holds
-    them). Stores always have ``skip == 0``.
+    Chunk i lives in tier slot ``slots[i]`` under key ``keys[i]``. For loads and stores,
+    ``block_ids`` lists the engine blocks moved, chunk after chunk: every chunk covers
+    ``blocks_per_chunk`` blocks except the first, whose leading ``skip`` blocks are not
+    moved (the engine already holds them); stores always have ``skip == 0``. A ``copy``
+    job moves whole chunks from ``tier`` slots to ``dst_tier`` slots ``dst_slots`` (no
+    engine blocks). ``parents`` (the chain key before each key) goes along to tiers that
+    record it for restarts.
     """
 
     job_id: int
@@ -32,6 +35,9 @@ class TransferJob:
     slots: list[int]
     block_ids: list[int]
     skip: int = 0
+    dst_tier: str = ""
+    dst_slots: list[int] = field(default_factory=list)
+    parents: list[bytes | None] = field(default_factory=list)
 
     def chunk_blocks(self, blocks_per_chunk: int) -> list[tuple[int, list[int]]]:
         """Per chunk: (first chunk-relative block moved, engine block ids)."""

@@ -148,6 +148,8 @@ class CacheManager:
         self._pending_release: dict[str, list[int]] = {}
         # Stores planned when a request finished; its blocks stay allocated until they run.
         self._finish_stores: list[TransferJob] = []
+        # Write-through copies from the first tier to the next, planned as stores finish.
+        self._pending_copies: list[TransferJob] = []
         # Async loads in flight: job id -> (first chunk, end chunk, the chain's keys).
         self._loading: dict[int, tuple[int, int, list[Key]]] = {}
         self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
@@ -338,6 +340,8 @@ class CacheManager:
             loads=self._pending_loads, stores=self._finish_stores, release=self._pending_release
         )
         self._pending_loads, self._pending_release, self._finish_stores = [], {}, []
+        plan.stores.extend(self._pending_copies)
+        self._pending_copies = []
         n_batch = 0
         for s in scheduled:
             n_batch += 1
@@ -384,9 +388,52 @@ class CacheManager:
             return None
         todo = todo[: len(slots)]
         blocks = list(block_ids[present * bpc : (present + len(slots)) * bpc])
+        parents: list[Key | None] = [keys[present - 1] if present else None, *todo[:-1]]
         return self._new_job(
-            req, TransferJob(0, req_id, "store", tier.name, False, todo, slots, blocks)
+            req,
+            TransferJob(0, req_id, "store", tier.name, False, todo, slots, blocks, parents=parents),
         )
+
+    def _plan_copy(self, job: TransferJob, ok: Sequence[bool]) -> None:
+        """Write-through: copy a finished store's chunks from the first tier to the next.
+
+        Only chunks that reached the first tier are copied, as a chain continuing what the
+        next tier already holds. The source chunks are pinned (their deepest key) until the
+        copy ends, so eviction cannot hand their slots out while they are read.
+        """
+        src, dst = self.tiers[0], self.tiers[1]
+        n = 0
+        while n < len(job.keys) and ok[n] and src.index.is_ready(job.keys[n]):
+            n += 1
+        keys = job.keys[:n]
+        present = dst.index.prefix_len(keys, any_state=True)
+        if present >= n:
+            return
+        anchor = keys[present - 1] if present else job.parents[0]
+        dst_slots = dst.index.reserve(keys[present:], anchor)
+        if not dst_slots:
+            return
+        m = len(dst_slots)
+        deepest = keys[present + m - 1]
+        src.index.pin([deepest])
+        copy = TransferJob(
+            0,
+            job.req_id,
+            "copy",
+            src.name,
+            False,
+            keys[present : present + m],
+            job.slots[present : present + m],
+            [],
+            dst_tier=dst.name,
+            dst_slots=dst_slots,
+            parents=job.parents[present : present + m],
+        )
+        copy.job_id = self._next_job
+        self._next_job += 1
+        # Not tied to the request: a copy reads tier slots only, never the engine's blocks.
+        self._jobs[copy.job_id] = _Job(copy, pinned=[(src.index, deepest)])
+        self._pending_copies.append(copy)
 
     def request_finished(
         self, req_id: str, tokens: Sequence[int], num_computed: int, block_ids: Sequence[int]
@@ -443,13 +490,26 @@ class CacheManager:
             self.metrics.inc("load_seconds", result.seconds, job.tier, mode)
             if job.sync:
                 self.budget.observe_sync_load(result.nbytes, result.seconds)
+        elif job.kind == "copy":
+            for index, key in entry.pinned:
+                index.unpin([key])
+            dst_name = job.dst_tier
+            self._tier_by_name[dst_name].index.commit(job.keys, result.ok)
+            self.metrics.inc("store_bytes", result.nbytes, dst_name)
+            self.metrics.inc("store_seconds", result.seconds, dst_name)
+            self.metrics.inc("stored_chunks", len(job.keys) - failed, dst_name)
         else:
             tier.index.commit(job.keys, result.ok)
             self.metrics.inc("store_bytes", result.nbytes, job.tier)
             self.metrics.inc("store_seconds", result.seconds, job.tier)
             self.metrics.inc("stored_chunks", len(job.keys) - failed, job.tier)
+            if len(self.tiers) > 1 and job.tier == self.tiers[0].name:
+                self._plan_copy(job, result.ok)
         if failed:
-            self.metrics.inc("failures", failed, job.tier, job.kind)
+            fail_tier = job.dst_tier if job.kind == "copy" else job.tier
+            self.metrics.inc(
+                "failures", failed, fail_tier, "store" if job.kind == "copy" else job.kind
+            )
         req = self._reqs.get(job.req_id)
         if req is not None:
             req.jobs.discard(job.job_id)

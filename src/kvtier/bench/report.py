@@ -74,8 +74,16 @@ def table(workload: str, description: str, modes: dict[str, dict[str, Any]]) -> 
     from rich.table import Table
 
     t = Table(title=f"{workload}: {description}", title_justify="left")
-    for col in ("mode", "TTFT p50/p90/p99 ms", "e2e s", "tok/s",
-                "prompt tokens dev/host/disk/recomp", "loads s/a", "hit TTFT vs base", "=base"):
+    for col in (
+        "mode",
+        "TTFT p50/p90/p99 ms",
+        "e2e s",
+        "tok/s",
+        "prompt tokens dev/host/disk/recomp",
+        "loads s/a",
+        "hit TTFT vs base",
+        "=base",
+    ):
         t.add_column(col, justify="left" if col == "mode" else "right")
     for mode, s in modes.items():
         h = s["hit_tokens"]

@@ -97,7 +97,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     from rich.console import Console
     from tqdm import tqdm
 
-    console = Console(width=max(100, Console().width))
+    console = Console(width=max(120, Console().width))
     model = validate(opts)
     dtype = preferred_dtype() if opts.dtype == "auto" else opts.dtype
     wopts = WorkloadOptions(

@@ -52,10 +52,15 @@ class SlotStore(ABC):
 
     @abstractmethod
     def write(
-        self, slots: Sequence[int], keys: Sequence[Key], src: Sequence[Segments]
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
         """Copy ``src`` segments into slots, recording ``keys`` with them. A write covers
-        the whole payload."""
+        the whole payload. ``parents[i]`` is the key before ``keys[i]`` in its chain (None
+        for a chain start); stores that survive restarts record it, others ignore it."""
 
     def close(self) -> None:
         """Release resources; idempotent."""

@@ -103,11 +103,24 @@ class CpuSlab(SlotStore):
         return [True] * len(slots)
 
     def write(
-        self, slots: Sequence[int], keys: Sequence[Key], src: Sequence[Segments]
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
         slab_views, seg_views = self._views(slots, src)
         copy_segments(slab_views, seg_views, non_blocking=self._non_blocking)
         return [True] * len(slots)
+
+    def payload_segments(self, slot: int) -> list[tuple[int, torch.Tensor]]:
+        """The payload of ``slot`` as ``(offset, view)`` pairs, one per region (for copies
+        from this tier to another)."""
+        bpc = self.blocks_per_chunk
+        return [
+            (off, region.narrow(0, slot * bpc, bpc).view(-1))
+            for off, region in zip(self._payload_offsets, self.regions, strict=True)
+        ]
 
     # -- the batched path --------------------------------------------------------------------
 

@@ -72,13 +72,17 @@ class FaultyStore(SlotStore):
         return ok
 
     def write(
-        self, slots: Sequence[int], keys: Sequence[Key], src: Sequence[Segments]
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
         p = self.plan
         fail = [
             self._fails(k, p.write_fail_rate, p.fail_write_keys, p.fail_all_writes) for k in keys
         ]
-        ok = self.inner.write(slots, keys, src)
+        ok = self.inner.write(slots, keys, src, parents)
         self.failed_writes += sum(fail)
         return [o and not f for o, f in zip(ok, fail, strict=True)]
 

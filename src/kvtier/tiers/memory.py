@@ -27,7 +27,11 @@ class DictStore(SlotStore):
         self._data: dict[int, tuple[Key, torch.Tensor]] = {}
 
     def write(
-        self, slots: Sequence[int], keys: Sequence[Key], src: Sequence[Segments]
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
         for slot, key, chunk in zip(slots, keys, src, strict=True):
             buf = torch.empty(self.slot_bytes, dtype=torch.uint8)

@@ -113,6 +113,10 @@ class TransferEngine:
         self._pending: set[int] = set()
         self._normal = _Queue("copy", self._execute, self._on_done)
         self._expedited = _Queue("expedited", self._execute, self._on_done)
+        # Jobs touching a slower tier (disk) get their own queue, so a disk read or write
+        # never holds up memory copies queued behind it.
+        self._io = _Queue("io", self._execute, self._on_done)
+        self.primary = next(iter(self.stores), "")
         self.load_bandwidth: float | None = None
 
     # -- submission and completion ---------------------------------------------------------
@@ -130,7 +134,14 @@ class TransferEngine:
             prepared = None
         with self._done_cond:
             self._pending.add(job.job_id)
-        (self._expedited if job.sync else self._normal).submit(job, prepared)
+        self._queue_of(job).submit(job, prepared)
+
+    def _queue_of(self, job: TransferJob) -> _Queue:
+        if job.sync:
+            return self._expedited
+        if job.kind == "copy" or job.tier != self.primary:
+            return self._io
+        return self._normal
 
     def _on_done(self, result: JobResult) -> None:
         with self._done_cond:
@@ -166,6 +177,9 @@ class TransferEngine:
         """Finish queued jobs, stop the threads."""
         self._expedited.close()
         self._normal.close()
+        self._io.close()
+        for store in self.stores.values():
+            store.close()
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -174,6 +188,8 @@ class TransferEngine:
         consecutive slots in one batched call per region, else ``("segments", views)``."""
         bpc = self.blocks_per_chunk
         store = self.stores[job.tier]
+        if job.kind == "copy":
+            return "copy", [store.payload_segments(s) for s in job.slots]  # type: ignore[attr-defined]
         supports_rows = getattr(store, "supports_rows", None)
         if supports_rows is not None and supports_rows(self.regions.rows):
             runs: list[tuple[int, Any]] = []
@@ -208,6 +224,8 @@ class TransferEngine:
             raise ValueError(f"job {job.job_id} has no valid copy plan")
         t0 = time.perf_counter()
         nbytes = len(job.block_ids) * self.regions.block_bytes
+        if job.kind == "copy":
+            nbytes = len(job.keys) * self.stores[job.tier].slot_bytes
         if stream is not None:
             with torch.cuda.stream(stream):
                 stream.wait_event(ready)
@@ -230,6 +248,9 @@ class TransferEngine:
         """Execute a plan from :meth:`plan` on the calling thread (the queues' data path)."""
         store: Any = self.stores[job.tier]
         how, plan = prepared
+        if how == "copy":
+            dst = self.stores[job.dst_tier]
+            return list(dst.write(job.dst_slots, job.keys, plan, job.parents or None))
         if how == "rows":
             for slab_row, blocks in plan:
                 if job.kind == "load":
@@ -239,7 +260,7 @@ class TransferEngine:
             return [True] * len(job.keys)
         if job.kind == "load":
             return list(store.read(job.slots, job.keys, plan))
-        return list(store.write(job.slots, job.keys, plan))
+        return list(store.write(job.slots, job.keys, plan, job.parents or None))
 
     # -- calibration -------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ Step timeline on a worker:
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,6 +46,7 @@ from kvtier.policies.eviction import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import SlotStore
 from kvtier.tiers.cpu import CpuSlab
+from kvtier.tiers.disk import DiskSlab, restore_index
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.transfer.engine import TransferEngine
@@ -87,6 +89,15 @@ def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
     return KVLayout(tuple(groups))
 
 
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (ImportError, AssertionError, RuntimeError):
+        return 0
+
+
 class _Setup:
     """What both roles derive identically from the vLLM config."""
 
@@ -106,6 +117,7 @@ class _Setup:
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
         self.chunk_bytes = self.layout.chunk_bytes(self.chunk_tokens)
         self.num_slots = self.config.cpu_bytes // self.chunk_bytes
+        self.disk_slots = self.config.disk_bytes // self.chunk_bytes
         par = vllm_config.parallel_config
         model = vllm_config.model_config
         self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
@@ -115,6 +127,13 @@ class _Setup:
             parallel=f"tp{par.tensor_parallel_size}pp{par.pipeline_parallel_size}",
             extra=self.config.namespace,
         )
+        self.tp_size = par.tensor_parallel_size
+
+    def disk_dir(self, rank: int) -> str | None:
+        """The disk tier directory of one tensor-parallel rank (each owns its shard)."""
+        if not self.config.disk_path:
+            return None
+        return os.path.join(self.config.disk_path, f"tp{self.tp_size}-rank{rank}")
 
 
 class KVTierConnector(KVConnectorBase_V1):
@@ -134,12 +153,28 @@ class KVTierConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             s = self.setup
             index = SlotIndex(s.num_slots, make_eviction_policy(s.config.eviction, s.num_slots))
+            tiers = [TierView("cpu", HitSource.HOST, index)]
+            disk_dir = s.disk_dir(0)
+            if disk_dir is not None:
+                disk = SlotIndex(
+                    s.disk_slots, make_eviction_policy(s.config.eviction, s.disk_slots)
+                )
+                # Chunks a previous engine wrote (same namespace) are found again.
+                records = DiskSlab.scan(disk_dir, s.namespace.digest(), s.chunk_bytes, s.disk_slots)
+                restored = restore_index(disk, records)
+                log.info(
+                    "kvtier: disk tier %s: %d slots, %d chunks restored",
+                    disk_dir,
+                    s.disk_slots,
+                    restored,
+                )
+                tiers.append(TierView("disk", HitSource.DISK, disk))
             self.manager = CacheManager(
                 s.config,
                 s.layout,
                 s.namespace,
                 s.block_tokens,
-                [TierView("cpu", HitSource.HOST, index)],
+                tiers,
                 num_workers=s.world_size,
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
             )
@@ -293,7 +328,13 @@ class KVTierConnector(KVConnectorBase_V1):
         store: SlotStore = CpuSlab(s.num_slots, regions.row_bytes, s.blocks_per_chunk)
         if s.config.fault_injection:
             store = FaultyStore(store, FaultPlan(**s.config.fault_injection))
-        engine = TransferEngine(regions, {"cpu": store}, s.blocks_per_chunk)
+        stores: dict[str, SlotStore] = {"cpu": store}
+        disk_dir = s.disk_dir(_tp_rank())
+        if disk_dir is not None:
+            stores["disk"] = DiskSlab(
+                disk_dir, s.disk_slots, slot_bytes, s.namespace.digest(), s.config.disk_threads
+            )
+        engine = TransferEngine(regions, stores, s.blocks_per_chunk)
         self.worker = WorkerSide(engine)
         log.info(
             "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s",
