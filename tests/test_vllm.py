@@ -287,8 +287,9 @@ def test_disk_tier_survives_an_engine_restart(tmp_path, baseline):
     assert_clean(again)
 
     assert corrupt_payloads(tmp_path / "disk-corrupt") > 0
-    bad = run(tmp_path, {**cfg, "disk_path": str(tmp_path / "disk-corrupt")},
-              program=[phase("p1", 12)])
+    bad = run(
+        tmp_path, {**cfg, "disk_path": str(tmp_path / "disk-corrupt")}, program=[phase("p1", 12)]
+    )
     assert outputs(bad)[0] == outputs(baseline)[0]
     assert metric(bad, "failures", "disk", "load") > 0
     assert_clean(bad)

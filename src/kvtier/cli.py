@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvtier.errors import KVTierError
+from kvtier.errors import ConfigError, KVTierError
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -63,6 +63,8 @@ def _inspect(args: argparse.Namespace) -> int:
     from kvtier.tiers.disk_inspect import format_inspect, inspect_dir
 
     info = inspect_dir(args.path)
+    if info.get("error") == "not a directory":
+        raise ConfigError(f"inspect: {args.path} is not a directory")
     print(json.dumps(info, indent=2) if args.json else format_inspect(info))
     return 0
 

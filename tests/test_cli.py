@@ -1,0 +1,143 @@
+"""The kvtier command: bench end to end on a tiny configuration, sim, inspect, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvtier.cli import main
+from kvtier.keys import chunk_keys
+
+TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
+
+
+def kvtier(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvtier.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["bench", "--workload", "chat"], "--workload: unknown 'chat'"),
+        (["bench", "--modes", "fast"], "--modes: unknown 'fast'"),
+        (["bench", "--cpu-bytes", "8 parsecs"], "--cpu-bytes: cannot parse"),
+        (["bench", "--model", "/no/such/model"], "not a local model directory"),
+        (["inspect", "/no/such/dir"], "/no/such/dir"),
+        (["sim", "--trace", "/no/such/trace.jsonl"], "trace.jsonl"),
+    ],
+)
+def test_user_mistakes_are_one_clear_line(args, needle, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvtier: error:") and needle in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.vllm
+def test_bench_end_to_end(tmp_path):
+    out = tmp_path / "bench"
+    proc = kvtier(
+        "bench",
+        "--requests",
+        "4",
+        "--workload",
+        "multi-turn,no-reuse",
+        "--modes",
+        "baseline,async,sync",
+        "--max-tokens",
+        "6",
+        "--doc-tokens",
+        "200",
+        "--device-blocks",
+        "16",
+        "--concurrency",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert {"machine", "config", "workloads", "kvtier"} <= res.keys()
+    raw = json.loads((out / "requests.json").read_text())
+    for wl in ("multi-turn", "no-reuse"):
+        modes = res["workloads"][wl]["modes"]
+        assert set(modes) == {"baseline", "async", "sync"}
+        for mode, m in modes.items():
+            for key in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "throughput_tok_s"):
+                assert m[key] > 0
+            assert m["ttft_p50_s"] <= m["ttft_p90_s"] <= m["ttft_p99_s"]
+            h = m["hit_tokens"]
+            assert set(h) == {"device", "host", "disk", "remote", "recomputed"}
+            assert sum(h.values()) == m["prompt_tokens"]
+            if mode != "baseline":
+                assert m["outputs_match_baseline"] is True
+            for r in raw[wl][mode]["requests"]:
+                # kvtier's hit tokens by source are part of what vLLM counts as cached.
+                assert sum(r.get("hit_sources", {}).values()) <= r["num_cached"]
+    assert res["workloads"]["no-reuse"]["modes"]["async"]["hit_tokens"]["host"] == 0
+    assert res["workloads"]["no-reuse"]["modes"]["sync"]["hit_tokens"]["host"] == 0
+    mt = res["workloads"]["multi-turn"]["modes"]
+    assert mt["sync"]["hit_tokens"]["host"] > 0 and mt["sync"]["loads"]["sync"] > 0
+    assert mt["async"]["hit_tokens"]["host"] > 0 and mt["async"]["loads"]["async"] > 0
+    assert mt["baseline"]["hit_tokens"]["host"] == 0
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "hit_sources_multi-turn.png",
+        "hit_sources_no-reuse.png",
+        "ttft_cdf_multi-turn.png",
+        "ttft_cdf_no-reuse.png",
+    ]
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shared trace is not beside this checkout")
+def test_sim_cli_matches_brute_force_lru(tmp_path):
+    from kvtier.sim import load_trace
+    from test_sim import as_requests, brute_force_lru
+
+    out = tmp_path / "sim.json"
+    assert (
+        main(
+            [
+                "sim",
+                "--trace",
+                str(TRACE),
+                "--limit",
+                "300",
+                "--capacity",
+                "51200,204800",
+                "--policies",
+                "lru",
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    res = json.loads(out.read_text())
+    reqs = as_requests(load_trace(TRACE, limit=300))
+    assert len(res["runs"]) == 2
+    for run in res["runs"]:
+        slots = run["capacity"][0]["slots"]
+        blocks, tokens = brute_force_lru(reqs, slots)
+        assert (run["hit_blocks"]["total"], run["hit_tokens"]["total"]) == (blocks, tokens)
+
+
+def test_inspect_reports_a_disk_tier(tmp_path, capsys):
+    from kvtier.tiers.disk import DiskTier
+
+    ns = bytes(range(16))
+    tier = DiskTier(tmp_path / "d", 16 * 4096, 4096, ns)
+    assert (
+        tier.put(chunk_keys(list(range(12)), 4, b"s"), torch.zeros(3, 4096, dtype=torch.uint8)) == 3
+    )
+    tier.close()
+    assert main(["inspect", str(tmp_path / "d"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert json.dumps(info).count(ns.hex()) >= 1
