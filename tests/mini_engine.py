@@ -58,6 +58,8 @@ class MiniEngine:
         cpu_chunks=16,
         fault: FaultPlan | None = None,
         seed=0,
+        disk_dir=None,
+        disk_chunks=64,
     ):
         self.bt = block_tokens
         self.kv = [
@@ -68,17 +70,23 @@ class MiniEngine:
         random.Random(seed).shuffle(self.free)
         layout = KVLayout.dense(LAYERS, HEADS, HD2 // 2, "int16")
         index = SlotIndex(cpu_chunks, make_eviction_policy(config.eviction, cpu_chunks))
-        self.manager = CacheManager(
-            config,
-            layout,
-            Namespace("mini", layout.digest()),
-            block_tokens,
-            [TierView("cpu", HitSource.HOST, index)],
-        )
+        tiers = [TierView("cpu", HitSource.HOST, index)]
+        ns = Namespace("mini", layout.digest())
+        if disk_dir is not None:
+            disk_index = SlotIndex(disk_chunks, make_eviction_policy(config.eviction, disk_chunks))
+            tiers.append(TierView("disk", HitSource.DISK, disk_index))
+        self.manager = CacheManager(config, layout, ns, block_tokens, tiers)
         regions = KVRegions.from_tensors(self.kv, num_blocks)
-        store = CpuSlab(cpu_chunks, regions.row_bytes, self.manager.blocks_per_chunk)
+        bpc = self.manager.blocks_per_chunk
+        store = CpuSlab(cpu_chunks, regions.row_bytes, bpc)
         self.store = FaultyStore(store, fault) if fault else store
-        engine = TransferEngine(regions, {"cpu": self.store}, self.manager.blocks_per_chunk)
+        stores = {"cpu": self.store}
+        if disk_dir is not None:
+            from kvtier.tiers.disk import DiskSlab
+
+            self.disk = DiskSlab(disk_dir, disk_chunks, regions.chunk_bytes(bpc), ns.digest(), 2)
+            stores["disk"] = self.disk
+        engine = TransferEngine(regions, stores, bpc)
         self.worker = WorkerSide(engine)
         self.reqs: dict[str, Req] = {}
         self.waiting: list[Req] = []

@@ -114,3 +114,34 @@ def test_random_workloads_never_use_wrong_kv(seed, budget, read_fail, write_fail
             assert e.recomputed >= 0
     finally:
         e.close()
+
+
+def test_write_through_disk_serves_what_the_cpu_tier_evicted(tmp_path):
+    """CPU holds 4 chunks, disk 64: older prompts come back from disk, loaded async
+    straight into engine blocks, with exact KV; corrupt disk bytes become recompute."""
+    cfg = KVTierConfig(chunk_tokens=8, sync_budget=SyncBudget("fixed", 1 << 30))
+    e = MiniEngine(cfg, num_blocks=96, cpu_chunks=4, disk_dir=tmp_path / "disk")
+    try:
+        prompts = [[i] * 32 + [100 + i] for i in range(4)]  # 4 chunks each
+        for i, p in enumerate(prompts):
+            run_one(e, f"w{i}", p)
+        m = e.manager
+        assert m.tiers[1].index.prefix_len(m._request("probe").chain.keys) == 0
+        first = run_one(e, "again0", prompts[0])  # evicted from CPU long ago
+        assert first.sources == {HitSource.DISK: 32} and first.async_hit == 32
+        # The disk hit was stored back into the CPU tier: next time it is a sync host hit.
+        promoted = run_one(e, "again0b", prompts[0])
+        assert promoted.sources == {HitSource.HOST: 32} and promoted.sync_hit == 32
+        assert e.wrong == 0
+        # Corrupt every disk payload: disk hits fail their checksum and are recomputed.
+        for f in (tmp_path / "disk").glob("slab-*.kvt"):
+            data = bytearray(f.read_bytes())
+            for off in range(8192, len(data), 512):
+                data[off] ^= 0xFF
+            f.write_bytes(bytes(data))
+        again = run_one(e, "again1", prompts[1])
+        assert again.sources == {HitSource.DISK: 32}
+        assert e.recomputed >= 1 and e.wrong == 0
+        assert e.disk.corrupt_reads > 0
+    finally:
+        e.close()
