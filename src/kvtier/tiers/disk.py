@@ -72,7 +72,7 @@ from kvtier.tiers.disk_format import (
     slab_file_name,
 )
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.slot_tier import SlotTier, _check_data
+from kvtier.tiers.slot_tier import SlotTier
 
 log = logging.getLogger(__name__)
 
@@ -994,25 +994,6 @@ class DiskTier(SlotTier):
         """Chunks re-admitted from disk at open."""
         self.slab = slab
         super().__init__("disk", HitSource.DISK, index, slab)
-
-    def put(self, keys: Sequence[Key], data: torch.Tensor, parent: Key | None = None) -> int:
-        # SlotTier.put, but the slab also records every chunk's parent, for restarts.
-        self._check_open()
-        _check_data(data, len(keys), self.chunk_bytes)
-        with self._lock:
-            present = self.index.prefix_len(keys, any_state=True)
-            todo = list(keys[present:])
-            anchor = keys[present - 1] if present else parent
-            slots = self.index.reserve(todo, anchor) if todo else []
-        if not slots:
-            return present
-        n = len(slots)
-        parents: list[Key | None] = [anchor, *todo[: n - 1]]
-        segs = [[(0, data[present + i])] for i in range(n)]
-        ok = self.slab.write(slots, todo[:n], segs, parents=parents)
-        with self._lock:
-            self.index.commit(todo[:n], ok)
-            return self.index.prefix_len(keys, any_state=True)
 
     def delete(self, keys: Sequence[Key]) -> None:
         # Also erase the headers, so a restart does not bring deleted keys back. Under the

@@ -47,8 +47,10 @@ class SlotTier(Tier):
             return present
         n = len(slots)
         ok = [False] * n
+        parents: list[Key | None] = [anchor, *todo[: n - 1]]  # stores may record them
+        segs = [[(0, data[present + i])] for i in range(n)]
         try:
-            ok = self.store.write(slots, todo[:n], [[(0, data[present + i])] for i in range(n)])
+            ok = self.store.write(slots, todo[:n], segs, parents)
         finally:  # a raising store must not leave slots reserved forever
             with self._lock:
                 self.index.commit(todo[:n], ok)
