@@ -311,7 +311,7 @@ def measure_scheduler(case: Case, iters: int, warmup: int = 3) -> dict[str, Any]
     assert not m.has_pending_jobs(), case.name
     for tier in m.tiers:
         assert all(e.pins == 0 for e in tier.index._entries.values()), case.name
-    assert not m._being_loaded, case.name
+    assert not m._loading, case.name
     return {
         "mode": "async" if checks[0][1] else "sync",
         "load_jobs": jobs,

@@ -9,7 +9,7 @@ invariants in one place.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 
 from kvtier.errors import ConfigError
@@ -69,10 +69,9 @@ class LRUPolicy(EvictionPolicy):
             self._order.move_to_end(key)
 
     def touch_many(self, keys: Iterable[Key]) -> None:
-        order = self._order
-        for key in keys:
-            if key in order:
-                order.move_to_end(key)
+        # A C-level loop: a 128k-token hit touches 8,192 keys on the scheduler's thread.
+        # Every key must be present (callers touch what a lookup found).
+        deque(map(self._order.move_to_end, keys), maxlen=0)
 
     def remove(self, key: Key, evicted: bool = False) -> None:
         self._order.pop(key, None)
