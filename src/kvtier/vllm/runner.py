@@ -135,6 +135,9 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                     with open(progress, "w") as f:
                         f.write(str(_FINISHED[0]))
     elapsed = time.perf_counter() - t0
+    # A serving engine keeps stepping while kvtier has jobs in flight (vLLM's engine loop
+    # asks the connector); this offline loop stops with the last request, so step on.
+    drain(llm)
     if conn is not None:
         recorded = {rid.rsplit("-", 1)[0]: s for rid, s in conn.manager.recent_hit_sources}
         modes = {rid.rsplit("-", 1)[0]: m for rid, m in conn.manager.recent_load_modes}
@@ -200,6 +203,7 @@ def inspect(llm: Any) -> dict[str, Any]:
         "requests": m.num_requests(),
         "pins": sum(e.pins for e in index._entries.values()),
         "chunks": len(index),
+        "tier_chunks": {t.name: len(t.index) for t in m.tiers},
         "chunk_tokens": m.chunk_tokens,
         "budget_limit": m.budget.limit,
         "bandwidth": m.budget.bandwidth,
