@@ -293,3 +293,37 @@ def test_disk_tier_survives_an_engine_restart(tmp_path, baseline):
     assert outputs(bad)[0] == outputs(baseline)[0]
     assert metric(bad, "failures", "disk", "load") > 0
     assert_clean(bad)
+
+
+TIGHT = {**ENGINE, "num_gpu_blocks_override": 24, "max_model_len": 736}  # 768 tokens
+
+
+def tight_program() -> list[dict[str, Any]]:
+    """Three long decodes in a 768-token engine cache: vLLM must preempt; one request is
+    aborted mid-decode. Then the same prompts again, served by kvtier."""
+    ops: list[dict[str, Any]] = []
+    for name in ("t1", "t2"):
+        reqs = [
+            {"id": f"{name}-{i}", "prompt": p, "max_tokens": 128, "ignore_eos": True}
+            for i, p in enumerate(PROMPTS)
+        ]
+        reqs[2]["abort_after_tokens"] = 4
+        ops += [{"op": "serve", "name": name, "requests": reqs}, {"op": "reset_prefix_cache"}]
+    return ops
+
+
+def test_preemption_and_abort_leak_nothing(tmp_path):
+    base = run(tmp_path, None, engine=TIGHT, program=tight_program())
+    r = run(
+        tmp_path,
+        {"cpu_bytes": "256MiB", "sync_budget": "1GiB"},
+        engine=TIGHT,
+        program=tight_program(),
+    )
+    assert r["kvtier"]["preemptions"] > 0, "the scenario must make vLLM preempt"
+    for ours, theirs in zip(phases(r), phases(base), strict=True):
+        for a, b in zip(ours[:2], theirs[:2], strict=True):  # the aborted one differs in length
+            assert a["output"] == b["output"]
+        assert ours[2].get("aborted")
+    assert sum(s.get("host", 0) for s in sources(r, 1)) > 0
+    assert_clean(r)

@@ -48,7 +48,9 @@ def summarize(op: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, 
         "loads": loads,
         "hit_ttft_p50_s": _hit_ttft(reqs),
     }
-    if baseline is not None:
+    if baseline is None:
+        result["outputs_match_baseline"] = True  # the baseline itself
+    else:
         base = {r["id"]: r["output"] for r in baseline["requests"]}
         same = sum(base.get(r["id"]) == r["output"] for r in reqs)
         result["outputs_match_baseline"] = same == len(reqs)

@@ -148,6 +148,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self.worker: WorkerSide | None = None
         self._requests: dict[str, Request] = {}
         self._planned_async: dict[str, bool] = {}
+        self.preemptions = 0
+        """Requests vLLM preempted while kvtier was serving it (inspection and tests)."""
         self.totals = Metrics()
         """Everything reported since start (the interval metrics go to vLLM's stats)."""
         if role == KVConnectorRole.SCHEDULER:
@@ -251,7 +253,9 @@ class KVTierConnector(KVConnectorBase_V1):
                     request.num_prompt_tokens,
                 )
             )
-        plan = self.manager.build_step(scheduled, scheduler_output.preempted_req_ids or ())
+        preempted = scheduler_output.preempted_req_ids or ()
+        self.preemptions += len(preempted)
+        plan = self.manager.build_step(scheduled, preempted)
         if log.isEnabledFor(logging.DEBUG) and not plan.is_empty():
             log.debug(
                 "kvtier step: loads sync=%d async=%d stores=%d flush=%d budget %d/%d B",

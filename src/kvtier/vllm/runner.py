@@ -113,6 +113,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 "prompt_len": len(prompt),
                 "prompt": prompt,
                 "start": time.perf_counter(),
+                "abort_after_tokens": r.get("abort_after_tokens"),
             }
         if not running:
             time.sleep(0.005)
@@ -122,6 +123,19 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
             if rec is None:
                 continue
             t = time.perf_counter()
+            cut = rec.get("abort_after_tokens")
+            if cut is not None and out.outputs and len(out.outputs[0].token_ids) >= cut:
+                engine.abort_request([rec["id"]])
+                rec.update(
+                    aborted=True,
+                    e2e=t - rec["start"],
+                    ttft=rec.get("ttft", 0.0),
+                    output=list(out.outputs[0].token_ids),
+                    num_cached=0,
+                )
+                rec.pop("prompt")
+                done[rec["id"]] = running.pop(rec["id"])
+                continue
             if "ttft" not in rec and out.outputs and out.outputs[0].token_ids:
                 rec["ttft"] = t - rec["start"]
             if out.finished:
@@ -204,6 +218,7 @@ def inspect(llm: Any) -> dict[str, Any]:
         "pins": sum(e.pins for e in index._entries.values()),
         "chunks": len(index),
         "tier_chunks": {t.name: len(t.index) for t in m.tiers},
+        "preemptions": conn.preemptions,
         "chunk_tokens": m.chunk_tokens,
         "budget_limit": m.budget.limit,
         "bandwidth": m.budget.bandwidth,
