@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from kvtier.bench.workloads import DEFAULT_TRACE as TRACE
 from kvtier.cli import main
 from kvtier.keys import chunk_keys
-
-TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
 
 
 def kvtier(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
@@ -95,7 +93,6 @@ def test_bench_end_to_end(tmp_path):
     ]
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the shared trace is not beside this checkout")
 def test_sim_cli_matches_brute_force_lru(tmp_path):
     from kvtier.sim import load_trace
     from test_sim import as_requests, brute_force_lru

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.bench.workloads import DEFAULT_TRACE
 from kvtier.errors import ConfigError
 from kvtier.sim import (
     format_sim,
@@ -42,18 +43,14 @@ from kvtier.sim import (
 )
 from kvtier.sim.trace import Trace
 
-TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
+TRACE = DEFAULT_TRACE
 SAMPLE = 800
 """Requests of the synthetic trace used by the replay tests (keeps the brute force fast)."""
 BLOCK = 512
 
-needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"trace not found: {TRACE}")
-
 
 @pytest.fixture(scope="module")
 def sample() -> Trace:
-    if not TRACE.exists():
-        pytest.skip(f"trace not found: {TRACE}")
     return load_trace(TRACE, limit=SAMPLE)
 
 
@@ -204,7 +201,6 @@ def test_seen2_admission_stores_on_second_sighting(tmp_path: Path) -> None:
 # -- run_sim / format_sim ---------------------------------------------------------------------
 
 
-@needs_trace
 def test_run_sim_result_and_table() -> None:
     result = run_sim(TRACE, ["100k", ("50k", "1GiB")], limit=300, progress=True)
     json.dumps(result)  # JSON-serialisable
@@ -225,7 +221,6 @@ def test_run_sim_result_and_table() -> None:
     assert format_sim(json.loads(json.dumps(result))) == table
 
 
-@needs_trace
 def test_block_scaling_keeps_ratios() -> None:
     a = run_sim(TRACE, [400 * 512], ["lru"], limit=300)["runs"][0]["hit_ratio"]["total"]
     b = run_sim(TRACE, [400 * 32], ["lru"], limit=300, block_tokens=32)["runs"][0]

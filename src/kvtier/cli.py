@@ -43,10 +43,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    from kvtier.bench.workloads import DEFAULT_TRACE
     from kvtier.sim import format_sim, run_sim
 
     result = run_sim(
-        args.trace,
+        args.trace or DEFAULT_TRACE,
         _csv(args.capacity),
         policies=_csv(args.policies),
         limit=args.limit,
@@ -116,7 +117,11 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_bench)
 
     s = sub.add_parser("sim", help="trace-driven cache simulation of kvtier's policies")
-    s.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
+    s.add_argument(
+        "--trace",
+        default=None,
+        help="Mooncake-format JSONL trace (default: the bundled synthetic trace)",
+    )
     s.add_argument(
         "--capacity",
         default="1M,3M,10M",

@@ -28,10 +28,8 @@ from kvtier.bench.text import question
 from kvtier.errors import ConfigError
 
 WORKLOADS = ("multi-turn", "doc-qa", "trace", "no-reuse")
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[4] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
-)
-"""The Mooncake synthetic trace shipped beside a kvtier checkout (pass --trace otherwise)."""
+DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
+"""The Mooncake synthetic trace bundled with kvtier (Apache-2.0; see kvtier/data/README.md)."""
 
 
 @dataclass
