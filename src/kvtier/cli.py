@@ -7,6 +7,7 @@ and exit status 2, not a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,23 +22,10 @@ def _csv(text: str) -> tuple[str, ...]:
 def _bench(args: argparse.Namespace) -> int:
     from kvtier.bench.run import BenchOptions, run_bench
 
-    opts = BenchOptions(
-        model=args.model,
-        workloads=_csv(args.workload),
-        modes=_csv(args.modes),
-        requests=args.requests,
-        concurrency=args.concurrency,
-        rate=args.rate,
-        seed=args.seed,
-        cpu_bytes=args.cpu_bytes,
-        budget=args.budget,
-        device_blocks=args.device_blocks,
-        dtype=args.dtype,
-        max_tokens=args.max_tokens,
-        doc_tokens=args.doc_tokens,
-        trace=args.trace,
-        out=args.out,
-    )
+    # Flags are named after BenchOptions fields; only the two lists need splitting.
+    names = {f.name for f in dataclasses.fields(BenchOptions)}
+    kw = {k: v for k, v in vars(args).items() if k in names - {"workloads", "modes"}}
+    opts = BenchOptions(**kw, workloads=_csv(args.workload), modes=_csv(args.modes))
     run_bench(opts)
     return 0
 
