@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -20,16 +21,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kvtier.tiers.disk as disk_module
 from kvtier.errors import TierUnavailable
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.policies.eviction import make_eviction_policy
 from kvtier.testing import TierConformance
+from kvtier.tiers import slabio
 from kvtier.tiers.disk import DiskSlab, DiskTier, restorable, restore_index
 from kvtier.tiers.disk_format import (
     SlabGeometry,
@@ -40,6 +44,7 @@ from kvtier.tiers.disk_format import (
 )
 from kvtier.tiers.disk_inspect import format_inspect, inspect_dir
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.slabio import native_io
 
 NS = Namespace("test-model", "layout-x", "tp1").digest()
 OTHER_NS = Namespace("other-model", "layout-x", "tp1").digest()
@@ -79,6 +84,17 @@ def flip_bit(path, offset, rng):
         b = f.read(1)
         f.seek(offset)
         f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def data_path(request, monkeypatch):
+    """Every test here runs on both data paths of DiskSlab: the native one (built by
+    ``pip install``; its absence is a failure, not a skip) and the Python one."""
+    if request.param == "native":
+        assert native_io() is not None, "native disk I/O is not built: pip install -e ."
+    else:
+        monkeypatch.setattr(disk_module, "native_io", lambda: None)
+    return request.param
 
 
 @pytest.fixture
@@ -249,6 +265,53 @@ def test_writes_without_parents_are_readable_but_not_restored(tmpdir_path):
 
 
 # -- the data path ----------------------------------------------------------------------------
+
+
+def _open_slab(path, native, nbytes):
+    with mock.patch.object(disk_module, "native_io", slabio.native_io if native else lambda: None):
+        slab = DiskSlab(path, 8, nbytes, NS, threads=2)
+    assert (slab._native is not None) == native
+    return slab
+
+
+def _split(rng, t):
+    """``t`` as (offset, view) segments cut at random points (some of them empty)."""
+    cuts = sorted(rng.randrange(t.numel() + 1) for _ in range(rng.randrange(4)))
+    bounds = [0, *cuts, t.numel()]
+    return [(a, t[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    nbytes=st.sampled_from([1000, 4096, 5000, 300_000]),
+    slots=st.lists(st.integers(0, 7), min_size=1, max_size=6, unique=True),
+    seed=st.integers(0, 1 << 16),
+)
+def test_native_and_python_paths_are_interchangeable(nbytes, slots, seed):
+    """Both paths write byte-identical slab files (payloads, padding, headers), and each
+    reads, with random segment splits and skipped ranges, what the other wrote."""
+    rng = random.Random(seed)
+    keys = chain(len(slots), salt=seed % 7)
+    data = payload(keys, nbytes)
+    parents = [None, *keys[:-1]]
+    root = Path(tempfile.mkdtemp(prefix="kvtier-paths-"))
+    try:
+        for native in (True, False):
+            with _open_slab(root / str(native), native, nbytes) as slab:
+                segs = [_split(rng, d) for d in data]
+                assert slab.write(slots, keys, segs, parents=parents) == [True] * len(slots)
+        files = [sorted((root / str(n)).glob("slab-*.kvt")) for n in (True, False)]
+        assert [f.read_bytes() for f in files[0]] == [f.read_bytes() for f in files[1]]
+        for native in (True, False):
+            with _open_slab(root / str(not native), native, nbytes) as slab:
+                out = torch.zeros_like(data)
+                kept = [[s for s in _split(rng, o) if rng.random() < 0.7] for o in out]
+                assert slab.read(slots, keys, kept) == [True] * len(slots)
+                for i, segs in enumerate(kept):
+                    for off, view in segs:
+                        assert torch.equal(view, data[i, off : off + view.numel()])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_partial_reads_still_verify_the_skipped_bytes(tmpdir_path):

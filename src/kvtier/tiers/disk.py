@@ -3,6 +3,14 @@
 The on-disk format (directory layout, superblock, 128-byte slot headers kept apart from
 page-aligned payloads) is described in :mod:`kvtier.tiers.disk_format`.
 
+Two data paths, same bytes and headers: the native one (:mod:`kvtier.tiers.slabio`, built
+at install) moves each chunk in cache-sized pieces, hashing each piece while it is in cache,
+with the GIL released, one call per I/O thread per batch; the Python one (no compiler, or
+segments that need staging through scratch) moves runs of consecutive slots with one
+``preadv``/``pwritev`` and hashes each chunk after it. The native path exists because a
+checksum pass over a chunk that has left the cache, plus a few microseconds of Python per
+chunk, cost as much as the I/O itself at 64 KiB chunks.
+
 Crash safety, without fsync on the data path: a write is ``pwritev(payload)``, then
 ``pwrite(header)``. Whatever a kill -9 (or a power loss that reorders pages) leaves behind, a
 slot validates only if its header checksum matches (a torn header never does) *and* its
@@ -35,15 +43,15 @@ import array
 import contextlib
 import ctypes
 import fcntl
-import itertools
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import NamedTuple, TypeVar, cast
 
+import numpy as np
 import torch
 import xxhash
 
@@ -64,6 +72,7 @@ from kvtier.tiers.disk_format import (
     gc_paused,
     list_slab_files,
     pack_header,
+    pack_headers,
     parse_headers,
     read_header_area,
     read_superblock,
@@ -72,6 +81,7 @@ from kvtier.tiers.disk_format import (
     slab_file_name,
 )
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.slabio import CORRUPT, NativeIO, native_io
 from kvtier.tiers.slot_tier import SlotTier
 
 log = logging.getLogger(__name__)
@@ -148,9 +158,7 @@ class _Views:
 
     def view(self, t: torch.Tensor) -> memoryview | None:
         """``t``'s bytes, or None when it needs staging (device memory, non-contiguous)."""
-        if t.dtype is not torch.uint8:
-            raise ValueError(f"segments must be uint8 tensors, got {t.dtype}")
-        if not t.is_cpu or not t.is_contiguous():
+        if not _in_host_memory(t):
             return None
         st = t.untyped_storage()
         ident = (st.data_ptr(), st.nbytes())
@@ -160,6 +168,83 @@ class _Views:
             self._bases[ident] = base
         start = t.data_ptr() - ident[0]
         return base[start : start + t.numel()]
+
+
+def _in_host_memory(t: torch.Tensor) -> bool:
+    """Whether a segment can be a syscall buffer as it is (contiguous host memory); False
+    when it needs staging. A segment that is not uint8 is a caller bug (ValueError)."""
+    if t.dtype is not torch.uint8:
+        raise ValueError(f"segments must be uint8 tensors, got {t.dtype}")
+    return t.is_cpu and t.is_contiguous()
+
+
+def _pieces(
+    segs: Segments, slot_bytes: int, *, whole: bool
+) -> list[tuple[int, int, torch.Tensor | None]]:
+    """The payload ``[0, slot_bytes)`` as ordered ``(offset, length, segment)`` pieces, the
+    segment None for a gap the caller skipped. ``whole`` (writes) forbids gaps; overlapping
+    or out-of-range segments raise ValueError (a caller bug, not an I/O fault)."""
+    out: list[tuple[int, int, torch.Tensor | None]] = []
+    pos = 0
+    for off, seg in sorted(segs, key=lambda s: s[0]):
+        n = seg.numel()
+        if off < pos or off + n > slot_bytes:
+            raise ValueError(
+                f"segment [{off}, {off + n}) overlaps another or leaves the payload "
+                f"[0, {slot_bytes})"
+            )
+        if off > pos:
+            if whole:
+                raise ValueError(
+                    f"a write must cover the whole payload; bytes [{pos}, {off}) missing"
+                )
+            out.append((pos, off - pos, None))
+        if n:
+            out.append((off, n, seg))
+        pos = off + n
+    if pos < slot_bytes:
+        if whole:
+            raise ValueError(
+                f"a write must cover the whole payload; bytes [{pos}, {slot_bytes}) missing"
+            )
+        out.append((pos, slot_bytes - pos, None))
+    return out
+
+
+class _Iovecs:
+    """Flat buffer lists of a native batch: chunk i is entries ``start[i]:start[i+1]``.
+    A gap's entry holds its payload offset until :meth:`arrays` is given the scratch
+    buffer's address (per thread)."""
+
+    __slots__ = ("gaps", "lens", "ptrs", "start")
+
+    def __init__(self) -> None:
+        self.ptrs: list[int] = []
+        self.lens: list[int] = []
+        self.gaps: list[int] = []
+        self.start = [0]
+
+    def add(self, segs: Segments, slot_bytes: int, *, whole: bool) -> bool:
+        """Append one chunk; False (nothing appended) if a segment needs staging."""
+        if len(segs) == 1 and segs[0][0] == 0:
+            t = segs[0][1]
+            if t.numel() == slot_bytes and _in_host_memory(t):  # the common case
+                self.ptrs.append(t.data_ptr())
+                self.lens.append(slot_bytes)
+                self.start.append(len(self.ptrs))
+                return True
+        pieces = _pieces(segs, slot_bytes, whole=whole)
+        if any(seg is not None and not _in_host_memory(seg) for _, _, seg in pieces):
+            return False
+        for off, n, seg in pieces:
+            if seg is None:
+                self.gaps.append(len(self.ptrs))
+                self.ptrs.append(off)
+            else:
+                self.ptrs.append(seg.data_ptr())
+            self.lens.append(n)
+        self.start.append(len(self.ptrs))
+        return True
 
 
 class _Staged(NamedTuple):
@@ -192,35 +277,29 @@ def _plan_segments(segs: Segments, slot_bytes: int, views: _Views, *, whole: boo
             return [view], []
     bufs: list[memoryview | None] = []
     staged: list[_Staged] = []
-    pos = 0
-    for off, seg in sorted(segs, key=lambda s: s[0]):
-        n = seg.numel()
-        if off < pos or off + n > slot_bytes:
-            raise ValueError(
-                f"segment [{off}, {off + n}) overlaps another or leaves the payload "
-                f"[0, {slot_bytes})"
-            )
-        if off > pos:
-            if whole:
-                raise ValueError(
-                    f"a write must cover the whole payload; bytes [{pos}, {off}) missing"
-                )
-            staged.append(_Staged(len(bufs), pos, off - pos, None))
-            bufs.append(None)
-        if n:
-            view = views.view(seg)
-            if view is None:
-                staged.append(_Staged(len(bufs), off, n, seg))
-            bufs.append(view)
-        pos = off + n
-    if pos < slot_bytes:
-        if whole:
-            raise ValueError(
-                f"a write must cover the whole payload; bytes [{pos}, {slot_bytes}) missing"
-            )
-        staged.append(_Staged(len(bufs), pos, slot_bytes - pos, None))
-        bufs.append(None)
+    for off, n, seg in _pieces(segs, slot_bytes, whole=whole):
+        view = None if seg is None else views.view(seg)
+        if view is None:
+            staged.append(_Staged(len(bufs), off, n, seg))
+        bufs.append(view)
     return bufs, staged
+
+
+class _NativeBatch(NamedTuple):
+    """A native batch as arrays: per chunk its slot, file and payload offset; the flat
+    buffer lists (see :class:`_Iovecs`), the gap entries and their payload offsets."""
+
+    slots: np.ndarray
+    fds: np.ndarray
+    offs: np.ndarray
+    start: np.ndarray
+    ptrs: np.ndarray
+    lens: np.ndarray
+    gaps: np.ndarray
+    gap_offs: np.ndarray
+
+
+_T = TypeVar("_T")
 
 
 class _Links:
@@ -282,6 +361,7 @@ class DiskSlab(SlotStore):
         threads: int = 4,
         *,
         file_bytes: int = DEFAULT_FILE_BYTES,
+        native: bool = True,
     ) -> None:
         """Open (creating or reformatting as needed) the slab directory ``path``.
 
@@ -289,7 +369,10 @@ class DiskSlab(SlotStore):
         namespace are treated as free. ``file_bytes`` sizes slab files when the directory
         is formatted; an existing directory keeps its layout. If the directory was
         formatted for another ``slot_bytes``, its slab files are deleted (a cache of
-        another geometry is useless to us) and it is formatted afresh.
+        another geometry is useless to us) and it is formatted afresh. ``native``: move
+        host-memory segments with the native data path when it is built (see
+        :mod:`kvtier.tiers.slabio`); False forces the Python path (both give the same bytes
+        and headers).
 
         Raises TierUnavailable when the directory is locked by another owner or cannot be
         created or opened.
@@ -339,7 +422,9 @@ class DiskSlab(SlotStore):
                 self._sum_of[h.slot] = h.checksum
             self.records = records_of(mine)
             """Restorable chunks found at open (this namespace), for :func:`restore_index`."""
-        self._seqs = itertools.count(max((h.seq for h in headers), default=0) + 1)
+        self._next_seq = max((h.seq for h in headers), default=0) + 1
+        self._fd_arr = np.array(self._fds, dtype=np.int32)
+        self._native: NativeIO | None = native_io() if native else None
         geo = self.geometry
         self._spf, self._stride, self._payload_base = (
             geo.slots_per_file,
@@ -458,9 +543,70 @@ class DiskSlab(SlotStore):
         payload ranges, staged segments and the padding between slots go there."""
         buf: memoryview | None = getattr(self._local, "buf", None)
         if buf is None:
-            buf = memoryview(bytearray(self._stride))
-            self._local.buf = buf
+            arr = np.zeros(self._stride, dtype=np.uint8)
+            buf = memoryview(arr.data).cast("B")
+            self._local.buf, self._local.addr = buf, arr.ctypes.data
         return buf
+
+    def _scratch_addr(self) -> int:
+        """Address of this thread's scratch buffer (for the native path)."""
+        self._scratch()
+        return cast(int, self._local.addr)
+
+    def _take_seqs(self, n: int) -> int:
+        """The first of ``n`` fresh write sequence numbers."""
+        with self._stats_lock:
+            first = self._next_seq
+            self._next_seq += n
+        return first
+
+    def _spread(self, fn: Callable[[int, int], _T], n: int) -> list[_T]:
+        """``fn(a, b)`` over contiguous parts of ``range(n)`` chunks, results in order: one
+        part per I/O thread (the calling thread takes the first), none smaller than
+        MIN_PARALLEL_BYTES, so each thread's I/O stays sequential in the file."""
+        groups = min(self.threads, n, max(1, n * self.slot_bytes // MIN_PARALLEL_BYTES))
+        if groups <= 1 or self._pool is None:
+            return [fn(0, n)] if n else []
+        bounds = [n * g // groups for g in range(groups + 1)]
+        futures = [self._pool.submit(fn, bounds[g], bounds[g + 1]) for g in range(1, groups)]
+        return [fn(bounds[0], bounds[1]), *(f.result() for f in futures)]
+
+    def _native_arrays(
+        self, slots: Sequence[int], iov: _Iovecs, chunks: list[int] | None
+    ) -> _NativeBatch:
+        """NumPy arrays of a native batch, for ``chunks`` (indices into ``slots``; None: all)."""
+        start = np.array(iov.start, dtype=np.int64)
+        ptrs = np.array(iov.ptrs, dtype=np.uint64)
+        lens = np.array(iov.lens, dtype=np.uint64)
+        gap = np.zeros(len(ptrs), dtype=bool)
+        gap[iov.gaps] = True
+        if chunks is not None:  # leave out chunks that need no I/O (rare: stale keys)
+            keep = np.concatenate([np.arange(start[k], start[k + 1]) for k in chunks])
+            ptrs, lens, gap = ptrs[keep], lens[keep], gap[keep]
+            counts = np.diff(start)[chunks]
+            start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            slots = [slots[k] for k in chunks]
+        sl = np.array(slots, dtype=np.int64)
+        spf = self._spf
+        return _NativeBatch(
+            sl,
+            self._fd_arr[sl // spf],
+            self._payload_base + (sl % spf) * self._stride,
+            start,
+            ptrs,
+            lens,
+            np.flatnonzero(gap),
+            ptrs[gap].copy(),
+        )
+
+    def _native_ptrs(self, batch: _NativeBatch, a: int, b: int) -> np.ndarray:
+        """The batch's buffer addresses, with the gaps of chunks ``a .. b-1`` pointed into
+        this thread's scratch buffer (parts own disjoint entries, so threads can share)."""
+        if batch.gaps.size:
+            lo, hi = np.searchsorted(batch.gaps, [batch.start[a], batch.start[b]])
+            if hi > lo:
+                batch.ptrs[batch.gaps[lo:hi]] = batch.gap_offs[lo:hi] + self._scratch_addr()
+        return batch.ptrs
 
     def _runs(self, slots: Sequence[int], plans: Sequence[_Plan]) -> list[tuple[int, int]]:
         """Index ranges ``[i, j)`` of chunks that move in one syscall: consecutive slots of
@@ -586,18 +732,68 @@ class DiskSlab(SlotStore):
     ) -> list[bool]:
         """Read and verify chunks into ``dst`` (which may cover only parts of payloads)."""
         self._check_slots(slots, keys, dst)
-        views = _Views()
-        plans = [_plan_segments(segs, self.slot_bytes, views, whole=False) for segs in dst]
         if not self._enter():
             return [False] * len(slots)
         try:
             if not self._backing_present(slots):
                 return [False] * len(slots)
+            if self._native is not None:
+                got = self._read_native(self._native, slots, keys, dst)
+                if got is not None:
+                    return got
+            views = _Views()
+            plans = [_plan_segments(segs, self.slot_bytes, views, whole=False) for segs in dst]
             return self._batch(
                 lambda i, j: self._read_run(slots, keys, plans, i, j), self._runs(slots, plans)
             )
         finally:
             self._exit()
+
+    def _read_native(
+        self, native: NativeIO, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
+    ) -> list[bool] | None:
+        """The native read path; None (nothing done) if a segment needs staging."""
+        iov = _Iovecs()
+        for segs in dst:
+            if not iov.add(segs, self.slot_bytes, whole=False):
+                return None
+        n = len(slots)
+        key_of = self._key_of
+        live = [k for k in range(n) if key_of[slots[k]] == keys[k]]
+        out = [False] * n
+        if len(live) < n:
+            self._count(stale=n - len(live))
+        if not live:
+            return out
+        batch = self._native_arrays(slots, iov, live if len(live) < n else None)
+        seeds = np.array([self._seed(keys[k]) for k in live], dtype=np.uint64)
+        sums = np.frombuffer(self._sum_of, dtype=np.uint64)[batch.slots]
+
+        def part(a: int, b: int) -> np.ndarray:
+            ptrs = self._native_ptrs(batch, a, b)
+            return native.read(
+                batch.fds[a:b],
+                batch.offs[a:b],
+                batch.start[a : b + 1],
+                ptrs,
+                batch.lens,
+                seeds[a:b],
+                sums[a:b],
+            )
+
+        status = np.concatenate(self._spread(part, len(live)))
+        io = corrupt = 0
+        for k, st in zip(live, status.tolist(), strict=True):
+            if st == 0:
+                out[k] = True
+            elif st == CORRUPT:
+                corrupt += 1
+                self._erase(slots[k], keys[k])
+            else:
+                io += 1
+        if io or corrupt:
+            self._count(io=io, corrupt=corrupt)
+        return out
 
     def _read_run(
         self, slots: Sequence[int], keys: Sequence[Key], plans: Sequence[_Plan], i: int, j: int
@@ -675,13 +871,17 @@ class DiskSlab(SlotStore):
         self._check_slots(slots, keys, src)
         if parents is not None and len(parents) != len(keys):
             raise ValueError(f"{len(parents)} parents for {len(keys)} keys")
-        views = _Views()
-        plans = [_plan_segments(segs, self.slot_bytes, views, whole=True) for segs in src]
         if not self._enter():
             return [False] * len(slots)
         try:
             if not self._backing_present(slots):
                 return [False] * len(slots)
+            if self._native is not None:
+                got = self._write_native(self._native, slots, keys, src, parents)
+                if got is not None:
+                    return got
+            views = _Views()
+            plans = [_plan_segments(segs, self.slot_bytes, views, whole=True) for segs in src]
             links = _Links(parents)
             return self._batch(
                 lambda i, j: self._write_run(slots, keys, plans, links, i, j),
@@ -690,11 +890,61 @@ class DiskSlab(SlotStore):
         finally:
             self._exit()
 
+    def _write_native(
+        self,
+        native: NativeIO,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None,
+    ) -> list[bool] | None:
+        """The native write path; None (nothing done) if a segment needs staging."""
+        iov = _Iovecs()
+        for segs in src:
+            if not iov.add(segs, self.slot_bytes, whole=True):
+                return None
+        n = len(slots)
+        if not n:
+            return []
+        for s in slots:  # unreadable from here until its header is written
+            self._key_of[s] = None
+        batch = self._native_arrays(slots, iov, None)
+        headers = pack_headers(keys, parents, self.namespace, self._take_seqs(n), self.slot_bytes)
+        hdr_offs = (batch.slots % self._spf) * HEADER_BYTES
+        seeds = np.array([self._seed(k) for k in keys], dtype=np.uint64)
+        pad = self._stride - self.slot_bytes
+
+        def part(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+            return native.write(
+                batch.fds[a:b],
+                batch.offs[a:b],
+                batch.start[a : b + 1],
+                batch.ptrs,
+                batch.lens,
+                pad,
+                seeds[a:b],
+                headers[a:b],
+                hdr_offs[a:b],
+            )
+
+        parts = self._spread(part, n)
+        status = np.concatenate([p[0] for p in parts]).tolist()
+        sums = np.concatenate([p[1] for p in parts]).tolist()
+        out = [st == 0 for st in status]
+        for s, key, ok, checksum in zip(slots, keys, out, sums, strict=True):
+            if ok:
+                self._sum_of[s] = checksum
+                self._key_of[s] = key
+        failed = n - sum(out)
+        if failed:
+            self._count(io=failed)
+        return out
+
     def _header(self, key: Key, links: _Links, k: int, bufs: list[memoryview]) -> tuple[bytes, int]:
         """(header, payload checksum) of chunk ``k``, whose payload was just written from
         ``bufs`` (the caller keeps them unchanged for the call)."""
         checksum = _digest(bufs, self._seed(key))
-        seq = next(self._seqs)  # itertools.count: atomic under the GIL
+        seq = self._take_seqs(1)
         header = pack_header(
             key,
             links.parent(k),

@@ -42,7 +42,7 @@ import gc
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -78,20 +78,7 @@ _NO_KEY = bytes(KEY_BYTES)
 ZERO_HEADER = bytes(HEADER_BYTES)
 """An erased header (never validates)."""
 
-# Numeric header fields, decoded for whole header areas at once.
-_HEADER_DTYPE = np.dtype(
-    [
-        ("magic", "S4"),
-        ("version", "<u2"),
-        ("flags", "<u2"),
-        ("seq", "<u8"),
-        ("length", "<u8"),
-        ("psum", "<u8"),
-        ("rest", "V88"),
-        ("hsum", "<u8"),
-    ]
-)
-assert _HEADER.size == HEADER_BYTES and _HEADER_DTYPE.itemsize == HEADER_BYTES
+assert _HEADER.size == HEADER_BYTES
 
 
 def _round_up(n: int, align: int) -> int:
@@ -220,6 +207,55 @@ def pack_header(
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
 
 
+# A slot header as a NumPy record: headers are packed and parsed a whole batch at once.
+_RECORD_DTYPE = np.dtype(
+    [
+        ("magic", "S4"),
+        ("version", "<u2"),
+        ("flags", "<u2"),
+        ("seq", "<u8"),
+        ("length", "<u8"),
+        ("psum", "<u8"),
+        ("key", "V16"),
+        ("parent", "V16"),
+        ("namespace", "V16"),
+        ("reserved", "V40"),
+        ("hsum", "<u8"),
+    ]
+)
+PSUM_OFFSET = 24
+"""Byte offset of the payload checksum in a header (the native write path fills it in)."""
+assert _RECORD_DTYPE.itemsize == HEADER_BYTES and _RECORD_DTYPE.fields is not None
+assert _RECORD_DTYPE.fields["psum"][1] == PSUM_OFFSET
+
+
+def pack_headers(
+    keys: Sequence[Key],
+    parents: Sequence[Key | None] | None,
+    namespace: bytes,
+    first_seq: int,
+    length: int,
+) -> np.ndarray:
+    """Headers for a batch (``n x HEADER_BYTES`` uint8, sequence numbers ``first_seq``
+    onwards) with both checksum fields zero: the writer fills them in once the payload is
+    hashed (the payload checksum, then the header checksum over ``[0, 120)``), giving the
+    bytes :func:`pack_header` gives. ``parents`` None: parents unknown (not restorable)."""
+    n = len(keys)
+    rec = np.zeros(n, dtype=_RECORD_DTYPE)
+    rec["magic"] = SLOT_MAGIC
+    rec["version"] = FORMAT_VERSION
+    rec["seq"] = np.arange(first_seq, first_seq + n, dtype=np.uint64)
+    rec["length"] = length
+    rec["key"] = np.frombuffer(b"".join(keys), dtype="V16")
+    rec["namespace"] = np.frombuffer(namespace, dtype="V16")[0]
+    if parents is None:
+        rec["flags"] = FLAG_PARENT_UNKNOWN
+    else:
+        rec["parent"] = np.frombuffer(b"".join(p or _NO_KEY for p in parents), dtype="V16")
+        rec["flags"] = [FLAG_HAS_PARENT if p else 0 for p in parents]
+    return rec.view(np.uint8).reshape(n, HEADER_BYTES)
+
+
 def parse_headers(
     area: bytes | bytearray | memoryview, first_slot: int, namespace: bytes | None = None
 ) -> list[SlotHeader]:
@@ -232,7 +268,7 @@ def parse_headers(
     n = len(area) // HEADER_BYTES
     if n == 0:
         return []
-    arr = np.frombuffer(area, dtype=_HEADER_DTYPE, count=n)
+    arr = np.frombuffer(area, dtype=_RECORD_DTYPE, count=n)
     raw = np.frombuffer(area, dtype=np.uint8, count=n * HEADER_BYTES).reshape(n, HEADER_BYTES)
     mask = (arr["magic"] == SLOT_MAGIC) & (arr["version"] == FORMAT_VERSION)
     if namespace is not None:
