@@ -66,7 +66,7 @@ def test_unknown_key_is_named_with_accepted_keys():
         ("chunk_tokens", -1, ">= 0"),
         ("cpu_bytes", "lots", "cpu_bytes"),
         ("sync_budget", "fast", "auto"),
-        ("disk_write_policy", "write-back", "write-through"),
+        ("disk_write_policy", "write-around", "write-through"),
         ("admission_min_seen", 0, ">= 1"),
     ],
 )

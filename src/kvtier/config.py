@@ -17,9 +17,9 @@ from kvtier.errors import ConfigError
 from kvtier.units import parse_size
 
 EvictionName = Literal["lru", "arc"]
-WritePolicy = Literal["write-through"]
+WritePolicy = Literal["write-through", "write-back"]
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "arc")
-WRITE_POLICIES: tuple[str, ...] = ("write-through",)
+WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,17 @@ class KVTierConfig:
     """Capacity of the disk tier in bytes (per device)."""
 
     disk_write_policy: WritePolicy = "write-through"
-    """"write-through" (the only policy): every chunk stored to the CPU tier is then copied
-    to disk, off the engine's path, so the disk tier holds a superset that survives CPU
-    evictions, crashes and restarts. Demoting on eviction instead would hand the disk a
-    chain's tail before its head (eviction takes leaves first), which a prefix-closed tier
-    must refuse."""
+    """How chunks reach the disk tier.
+
+    "write-through" (default): every chunk stored to the CPU tier is then copied to disk,
+    off the engine's path. The disk holds everything the CPU tier does, so a restart or a
+    crash loses nothing that was stored, and CPU evictions cost no I/O.
+
+    "write-back": a chunk reaches disk only when the CPU tier evicts it (with any of its
+    ancestors the disk lacks, since the disk tier is prefix-closed too). Disk writes drop
+    to the chains that fall out of CPU memory, at two costs: what is only in CPU memory is
+    lost at a restart, and a store whose slots were just freed waits for their demotion
+    to be written (on the worker's copy queue, never on the forward pass)."""
 
     disk_threads: int = 4
     """I/O threads of the disk tier."""

@@ -23,7 +23,9 @@ class TransferJob:
     moved (the engine already holds them); stores always have ``skip == 0``. A ``copy``
     job moves whole chunks from ``tier`` slots to ``dst_tier`` slots ``dst_slots`` (no
     engine blocks). ``parents`` (the chain key before each key) goes along to tiers that
-    record it for restarts.
+    record it for restarts. ``after``: ids of jobs (of the same plan or earlier) that must
+    finish on this worker before this one starts; a store into CPU slots whose previous
+    chunks are still being demoted to disk waits for those copies.
     """
 
     job_id: int
@@ -38,6 +40,7 @@ class TransferJob:
     dst_tier: str = ""
     dst_slots: list[int] = field(default_factory=list)
     parents: list[bytes | None] = field(default_factory=list)
+    after: list[int] = field(default_factory=list)
 
     def chunk_blocks(self, blocks_per_chunk: int) -> list[tuple[int, list[int]]]:
         """Per chunk: (first chunk-relative block moved, engine block ids)."""

@@ -150,6 +150,12 @@ class CacheManager:
         self._finish_stores: list[TransferJob] = []
         # Write-through copies from the first tier to the next, planned as stores finish.
         self._pending_copies: list[TransferJob] = []
+        # Write-back: the first tier's evicted chunks are demoted to the next one instead.
+        self.write_back = config.disk_write_policy == "write-back" and len(self.tiers) > 1
+        self.tiers[0].index.record_evictions = self.write_back
+        # First-tier slots freed by eviction whose bytes a demotion still has to read:
+        # slot -> that copy job. Stores into them wait for it (TransferJob.after).
+        self._demoting: dict[int, int] = {}
         # Async loads in flight: job id -> (first chunk, end chunk, the chain's keys).
         self._loading: dict[int, tuple[int, int, list[Key]]] = {}
         self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
@@ -345,11 +351,9 @@ class CacheManager:
         n_batch = 0
         for s in scheduled:
             n_batch += 1
-            job = self._plan_store(
+            plan.stores += self._plan_store(
                 s.req_id, s.tokens, min(s.computed_after_step, s.prompt_len), s.block_ids
             )
-            if job is not None:
-                plan.stores.append(job)
         for req_id in preempted:
             req = self._reqs.get(req_id)
             if req is not None:
@@ -362,20 +366,22 @@ class CacheManager:
 
     def _plan_store(
         self, req_id: str, tokens: Sequence[int], limit: int, block_ids: Sequence[int]
-    ) -> TransferJob | None:
+    ) -> list[TransferJob]:
+        """The store of the request's newly complete chunks into the first tier, preceded
+        (write-back) by the demotions of the chunks it evicts; [] when there is none."""
         req = self._reqs.get(req_id)
         if req is None:
             req = self._request(req_id)
         c, bpc = self.chunk_tokens, self.blocks_per_chunk
         n_full = min(limit // c, len(block_ids) // bpc)
         if n_full <= 0:
-            return None
+            return []
         req.chain.update(tokens[: n_full * c])
         keys = req.chain.keys[:n_full]
         tier = self.tiers[0]
         present = tier.index.prefix_len(keys, any_state=True)
         if present >= n_full:
-            return None
+            return []
         todo = keys[present:]
         admitted = 0
         while admitted < len(todo) and self.admission.admit(todo[admitted]):
@@ -384,15 +390,106 @@ class CacheManager:
         before = tier.index.evictions
         slots = tier.index.reserve(todo, keys[present - 1] if present else None)
         self.metrics.inc("evictions", tier.index.evictions - before, tier.name)
+        demotions = self._plan_demotions(req_id) if self.write_back else []
         if not slots:
-            return None
+            return demotions
         todo = todo[: len(slots)]
         blocks = list(block_ids[present * bpc : (present + len(slots)) * bpc])
         parents: list[Key | None] = [keys[present - 1] if present else None, *todo[:-1]]
-        return self._new_job(
-            req,
-            TransferJob(0, req_id, "store", tier.name, False, todo, slots, blocks, parents=parents),
+        after = sorted({self._demoting[s] for s in slots if s in self._demoting})
+        store = TransferJob(
+            0, req_id, "store", tier.name, False, todo, slots, blocks, parents=parents, after=after
         )
+        return [*demotions, self._new_job(req, store)]
+
+    def _plan_demotions(self, req_id: str) -> list[TransferJob]:
+        """Write-back: copy jobs moving what the first tier just evicted to the next tier.
+
+        Each evicted chain tail goes with the ancestors the next tier lacks (they stay in
+        the first tier too), so that tier stays prefix-closed. The evicted slots are
+        recorded in ``_demoting`` until their copy ends; the surviving ancestors are pinned
+        through the deepest one. A chain the next tier cannot take (full of pinned chunks)
+        is dropped, as eviction without write-back would.
+        """
+        src, dst = self.tiers[0], self.tiers[1]
+        evicted = src.index.take_evicted()
+        gone = {key: (slot, parent) for key, slot, parent in evicted}
+        inner = {parent for _, _, parent in evicted if parent is not None}
+        jobs: list[TransferJob] = []
+        for key, _, _ in evicted:
+            if key in inner:
+                continue  # demoted with its deepest evicted descendant
+            chain: list[tuple[Key, int, Key | None]] = []
+            cur: Key | None = key
+            while cur is not None and not dst.index.has(cur):
+                if cur in gone:
+                    slot, parent = gone[cur]
+                elif src.index.has(cur):
+                    slot, parent = src.index.slot_of(cur), src.index.parent_of(cur)
+                else:
+                    break  # an ancestor is in neither tier: the chain cannot be kept
+                chain.append((cur, slot, parent))
+                cur = parent
+            else:
+                if not chain:
+                    continue  # already on the next tier: eviction lost nothing
+                chain.reverse()
+                ancestors = [k for k, _, _ in chain if k not in gone]
+                copy = self._copy_to_next(
+                    req_id,
+                    [k for k, _, _ in chain],
+                    [s for _, s, _ in chain],
+                    [p for _, _, p in chain],
+                    cur,
+                    pin=ancestors[-1] if ancestors else None,
+                )
+                if copy is not None:
+                    for k, s in zip(copy.keys, copy.slots, strict=True):
+                        if k in gone:
+                            self._demoting[s] = copy.job_id
+                    jobs.append(copy)
+        return jobs
+
+    def _copy_to_next(
+        self,
+        req_id: str,
+        keys: list[Key],
+        slots: list[int],
+        parents: list[Key | None],
+        anchor: Key | None,
+        pin: Key | None,
+    ) -> TransferJob | None:
+        """A copy job of first-tier chunks (a chain continuing ``anchor``) into slots it
+        reserves on the next tier, or None when that tier has no room. ``pin``, a
+        first-tier key, stays pinned until the copy ends, keeping the chunks it covers
+        from eviction while they are read."""
+        src, dst = self.tiers[0], self.tiers[1]
+        dst_slots = dst.index.reserve(keys, anchor)
+        if not dst_slots:
+            return None
+        m = len(dst_slots)
+        if pin is not None and pin not in keys[:m]:
+            pin = keys[m - 1] if src.index.has(keys[m - 1]) else None
+        if pin is not None:
+            src.index.pin([pin])
+        copy = TransferJob(
+            0,
+            req_id,
+            "copy",
+            src.name,
+            False,
+            keys[:m],
+            slots[:m],
+            [],
+            dst_tier=dst.name,
+            dst_slots=dst_slots,
+            parents=parents[:m],
+        )
+        copy.job_id = self._next_job
+        self._next_job += 1
+        # Not tied to the request: a copy reads tier slots only, never the engine's blocks.
+        self._jobs[copy.job_id] = _Job(copy, pinned=[(src.index, pin)] if pin else [])
+        return copy
 
     def _plan_copy(self, job: TransferJob, ok: Sequence[bool]) -> None:
         """Write-through: copy a finished store's chunks from the first tier to the next.
@@ -410,30 +507,16 @@ class CacheManager:
         if present >= n:
             return
         anchor = keys[present - 1] if present else job.parents[0]
-        dst_slots = dst.index.reserve(keys[present:], anchor)
-        if not dst_slots:
-            return
-        m = len(dst_slots)
-        deepest = keys[present + m - 1]
-        src.index.pin([deepest])
-        copy = TransferJob(
-            0,
+        copy = self._copy_to_next(
             job.req_id,
-            "copy",
-            src.name,
-            False,
-            keys[present : present + m],
-            job.slots[present : present + m],
-            [],
-            dst_tier=dst.name,
-            dst_slots=dst_slots,
-            parents=job.parents[present : present + m],
+            keys[present:],
+            job.slots[present:n],
+            job.parents[present:n],
+            anchor,
+            pin=keys[-1],
         )
-        copy.job_id = self._next_job
-        self._next_job += 1
-        # Not tied to the request: a copy reads tier slots only, never the engine's blocks.
-        self._jobs[copy.job_id] = _Job(copy, pinned=[(src.index, deepest)])
-        self._pending_copies.append(copy)
+        if copy is not None:
+            self._pending_copies.append(copy)
 
     def request_finished(
         self, req_id: str, tokens: Sequence[int], num_computed: int, block_ids: Sequence[int]
@@ -445,9 +528,7 @@ class CacheManager:
             return False
         self.budget.release(req_id)
         if self.config.store_output_tokens:
-            job = self._plan_store(req_id, tokens, num_computed, block_ids)
-            if job is not None:
-                self._finish_stores.append(job)
+            self._finish_stores += self._plan_store(req_id, tokens, num_computed, block_ids)
         req.finished = True
         if req.jobs:
             self._pending_release[req_id] = sorted(req.jobs)
@@ -493,6 +574,9 @@ class CacheManager:
         elif job.kind == "copy":
             for index, key in entry.pinned:
                 index.unpin([key])
+            for slot in job.slots:
+                if self._demoting.get(slot) == job.job_id:
+                    del self._demoting[slot]
             dst_name = job.dst_tier
             self._tier_by_name[dst_name].index.commit(job.keys, result.ok)
             self.metrics.inc("store_bytes", result.nbytes, dst_name)
@@ -503,7 +587,7 @@ class CacheManager:
             self.metrics.inc("store_bytes", result.nbytes, job.tier)
             self.metrics.inc("store_seconds", result.seconds, job.tier)
             self.metrics.inc("stored_chunks", len(job.keys) - failed, job.tier)
-            if len(self.tiers) > 1 and job.tier == self.tiers[0].name:
+            if len(self.tiers) > 1 and job.tier == self.tiers[0].name and not self.write_back:
                 self._plan_copy(job, result.ok)
         if failed:
             fail_tier = job.dst_tier if job.kind == "copy" else job.tier

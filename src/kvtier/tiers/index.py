@@ -58,6 +58,10 @@ class SlotIndex:
         # Pop from the end: low slot numbers are handed out first.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self.evictions = 0
+        self.record_evictions = False
+        """Keep ``(key, slot, parent)`` of every evicted key for :meth:`take_evicted`
+        (write-back demotes them); off by default, so nothing accumulates unread."""
+        self._evicted: list[tuple[Key, int, Key | None]] = []
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -79,6 +83,17 @@ class SlotIndex:
 
     def slot_of(self, key: Key) -> int:
         return self._entries[key].slot
+
+    def parent_of(self, key: Key) -> Key | None:
+        return self._entries[key].parent
+
+    def take_evicted(self) -> list[tuple[Key, int, Key | None]]:
+        """``(key, slot, parent)`` of the keys evicted since the last call, in eviction
+        order (a key's descendants before it), when ``record_evictions`` is on. Their
+        slots are free already: a caller that still needs their bytes must keep writers
+        of those slots waiting until it has read them."""
+        out, self._evicted = self._evicted, []
+        return out
 
     def slots_of(self, keys: Sequence[Key]) -> list[int]:
         """Slots of present keys (KeyError for an absent one)."""
@@ -309,6 +324,8 @@ class SlotIndex:
                 gone_children[e.parent] = gone_children.get(e.parent, 0) + 1
             if len(victims) == n:
                 break
+        if self.record_evictions:
+            self._evicted.extend((k, entries[k].slot, entries[k].parent) for k in victims)
         for key in victims:
             self._remove(key, evicted=True)
         self.evictions += len(victims)

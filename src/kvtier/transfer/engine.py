@@ -40,9 +40,11 @@ class _Queue:
         name: str,
         run: Callable[[TransferJob, Any, Any], JobResult],
         done: Callable[[JobResult], None],
+        wait: Callable[[list[int]], object],
     ) -> None:
         self._run = run
         self._done = done
+        self._wait = wait
         self._jobs: deque[tuple[TransferJob, Any, Any]] = deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -68,6 +70,8 @@ class _Queue:
                 if not self._jobs:
                     return
                 job, prepared, ready = self._jobs[0]
+            if job.after:
+                self._wait(job.after)  # jobs on other queues; never the other way round
             try:
                 result = self._run(job, prepared, (self.stream, ready))
             except Exception:  # a bug or device fault: the job fails, the engine lives
@@ -111,11 +115,11 @@ class TransferEngine:
         self._results: list[JobResult] = []
         self._finished: set[int] = set()
         self._pending: set[int] = set()
-        self._normal = _Queue("copy", self._execute, self._on_done)
-        self._expedited = _Queue("expedited", self._execute, self._on_done)
+        self._normal = _Queue("copy", self._execute, self._on_done, self.wait)
+        self._expedited = _Queue("expedited", self._execute, self._on_done, self.wait)
         # Jobs touching a slower tier (disk) get their own queue, so a disk read or write
         # never holds up memory copies queued behind it.
-        self._io = _Queue("io", self._execute, self._on_done)
+        self._io = _Queue("io", self._execute, self._on_done, self.wait)
         self.primary = next(iter(self.stores), "")
         self.load_bandwidth: float | None = None
 
