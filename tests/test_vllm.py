@@ -295,6 +295,26 @@ def test_disk_tier_survives_an_engine_restart(tmp_path, baseline):
     assert_clean(bad)
 
 
+def test_write_back_disk_serves_what_the_cpu_tier_evicted(tmp_path, baseline):
+    """A 12-chunk CPU tier, write-back: the chunks it evicts are demoted to disk and come
+    back from there, token-identical; chunks never evicted are never written to disk."""
+    cfg = {
+        "cpu_bytes": 12 * CHUNK * BYTES_PER_TOKEN,
+        "disk_path": str(tmp_path / "disk"),
+        "disk_bytes": "1GiB",
+        "disk_write_policy": "write-back",
+    }
+    r = run(tmp_path, cfg)
+    assert outputs(r) == outputs(baseline)
+    on_disk, in_cpu = metric(r, "stored_chunks", "disk"), metric(r, "stored_chunks", "cpu")
+    assert 0 < on_disk < in_cpu
+    assert metric(r, "evictions", "cpu") > 0
+    later = sources(r, 1) + sources(r, 2)
+    assert any(s.get("disk", 0) > 0 for s in later), later
+    assert metric(r, "failures", "disk", "store") == 0
+    assert_clean(r)
+
+
 TIGHT = {**ENGINE, "num_gpu_blocks_override": 24, "max_model_len": 736}  # 768 tokens
 
 
