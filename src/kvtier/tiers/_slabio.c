@@ -5,10 +5,10 @@
  * addresses of xxHash's XXH3 functions from the xxhash package kvtier already depends on,
  * so this file and the Python path compute the same checksums by construction.
  *
- * Why native: a checksum pass after a whole-chunk read re-reads the chunk from memory once
- * it no longer fits in cache, and per-chunk Python costs more than moving a 64 KiB chunk.
- * Here each chunk moves in pieces of at most PIECE bytes, hashed right before (writes) or
- * right after (reads) the syscall that moves them, while they are in cache.
+ * Why native: per-chunk Python costs about as much as moving a 64 KiB chunk. Each chunk
+ * moves in pieces of at most PIECE bytes, hashed right before (writes) or right after
+ * (reads) the syscall that moves them, while they are in cache, so the checksum pass never
+ * goes back to main memory, however large the chunk.
  *
  * Contract of both entry points: chunk i is the byte range covered, in order, by the
  * buffers iov_ptr/iov_len[iov_start[i] .. iov_start[i+1]) and lives in file fds[i] at
