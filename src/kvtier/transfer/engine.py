@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class _Queue:
-    """One worker thread executing jobs in order."""
+    """One worker thread executing jobs in order; a job with ``after`` first waits for
+    those jobs (which run on other queues) to finish."""
 
     def __init__(
         self,
