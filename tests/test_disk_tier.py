@@ -34,7 +34,7 @@ from kvtier.keys import Namespace, chunk_keys
 from kvtier.policies.eviction import make_eviction_policy
 from kvtier.testing import TierConformance
 from kvtier.tiers import slabio
-from kvtier.tiers.disk import DiskSlab, DiskTier, restorable, restore_index
+from kvtier.tiers.disk import DiskSlab, DiskTier
 from kvtier.tiers.disk_format import (
     SlabGeometry,
     SlotRecord,
@@ -43,6 +43,7 @@ from kvtier.tiers.disk_format import (
     slab_file_name,
 )
 from kvtier.tiers.disk_inspect import format_inspect, inspect_dir
+from kvtier.tiers.disk_restore import restorable, restore_index
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.slabio import native_io
 

@@ -33,22 +33,23 @@ survives a crash. Header readers (:meth:`DiskSlab.scan`, :mod:`kvtier.tiers.disk
 take no lock: a scheduler process rebuilds its index with ``scan`` while its worker owns the
 slab.
 
-Inside an engine: the scheduler calls :meth:`DiskSlab.scan` and :func:`restore_index` to
-rebuild its :class:`~kvtier.tiers.index.SlotIndex` and passes each chunk's parent key to the
-worker; every worker opens its own :class:`DiskSlab` (one directory per rank) and moves
-bytes. :class:`DiskTier` composes both in one process.
+Inside an engine: the scheduler calls :meth:`DiskSlab.scan` and
+:func:`~kvtier.tiers.disk_restore.restore_index` to rebuild its
+:class:`~kvtier.tiers.index.SlotIndex` and passes each chunk's parent key to the worker;
+every worker opens its own :class:`DiskSlab` (one directory per rank) and moves bytes.
+:class:`DiskTier` composes both in one process. How segments become buffers lives in
+:mod:`kvtier.tiers.disk_buffers`.
 """
 
 from __future__ import annotations
 
 import array
 import contextlib
-import ctypes
 import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, TypeVar, cast
@@ -62,6 +63,15 @@ from kvtier.keys import KEY_BYTES, Key, Namespace
 from kvtier.policies.eviction import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import Segments, SlotStore
+from kvtier.tiers.disk_buffers import (
+    IOV_MAX,
+    Iovecs,
+    Plan,
+    Views,
+    digest,
+    io_all,
+    plan_segments,
+)
 from kvtier.tiers.disk_format import (
     DEFAULT_FILE_BYTES,
     HEADER_BYTES,
@@ -82,6 +92,7 @@ from kvtier.tiers.disk_format import (
     scan_headers,
     slab_file_name,
 )
+from kvtier.tiers.disk_restore import restore_index
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.slabio import CORRUPT, NativeIO, native_io
 from kvtier.tiers.slot_tier import SlotTier
@@ -95,201 +106,11 @@ checksum pass that follows the read finds it."""
 MIN_PARALLEL_BYTES = 1 << 20
 """A batch is split over the I/O threads only in parts of at least this many bytes: a
 thread hand-off costs tens of microseconds, more than reading a small chunk."""
-_IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 1024
-
-
-# -- raw I/O helpers ------------------------------------------------------------------------
-
-
-def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:
-    """``bufs`` without their first ``n`` bytes (after a short preadv/pwritev)."""
-    i = 0
-    while i < len(bufs) and n >= len(bufs[i]):
-        n -= len(bufs[i])
-        i += 1
-    rest = bufs[i:]
-    if rest and n:
-        rest[0] = rest[0][n:]
-    return rest
-
-
-_IoOp = Callable[[int, Sequence[memoryview], int], int]
-
-
-def _io_all(op: _IoOp, fd: int, bufs: list[memoryview], offset: int, total: int) -> int:
-    """``os.preadv``/``os.pwritev`` of ``total`` bytes, repeated after a short transfer and
-    split at IOV_MAX buffers. Returns the bytes moved: less than ``total`` only at end of
-    file (reads). The first call is the whole transfer in the common case."""
-    if len(bufs) <= _IOV_MAX:
-        n = op(fd, bufs, offset)
-        if n == total or n <= 0:
-            return max(n, 0)
-        done, bufs = n, _advance(bufs, n)
-    else:
-        done = 0
-    while bufs:
-        batch = bufs[:_IOV_MAX]
-        want = sum(len(b) for b in batch)
-        n = op(fd, batch, offset + done)
-        if n <= 0:
-            break
-        done += n
-        bufs = bufs[len(batch) :] if n == want else _advance(batch, n) + bufs[len(batch) :]
-    return done
-
-
-def _digest(bufs: Sequence[memoryview], seed: int) -> int:
-    """xxh3_64 of the concatenated buffers (one call for the common single buffer)."""
-    if len(bufs) == 1:
-        return xxhash.xxh3_64_intdigest(bufs[0], seed)
-    h = xxhash.xxh3_64(seed=seed)
-    for b in bufs:
-        h.update(b)
-    return h.intdigest()
-
-
-class _Views:
-    """Byte views of the caller's host tensors, for one call: one memoryview per storage,
-    sliced per segment (a NumPy round trip per segment costs several times more). Views
-    never outlive the call, during which the caller keeps its tensors alive."""
-
-    __slots__ = ("_bases",)
-
-    def __init__(self) -> None:
-        self._bases: dict[tuple[int, int], memoryview] = {}
-
-    def view(self, t: torch.Tensor) -> memoryview | None:
-        """``t``'s bytes, or None when it needs staging (device memory, non-contiguous)."""
-        if not _in_host_memory(t):
-            return None
-        st = t.untyped_storage()
-        ident = (st.data_ptr(), st.nbytes())
-        base = self._bases.get(ident)
-        if base is None:
-            base = memoryview((ctypes.c_char * ident[1]).from_address(ident[0])).cast("B")
-            self._bases[ident] = base
-        start = t.data_ptr() - ident[0]
-        return base[start : start + t.numel()]
-
-
-def _in_host_memory(t: torch.Tensor) -> bool:
-    """Whether a segment can be a syscall buffer as it is (contiguous host memory); False
-    when it needs staging. A segment that is not uint8 is a caller bug (ValueError)."""
-    if t.dtype is not torch.uint8:
-        raise ValueError(f"segments must be uint8 tensors, got {t.dtype}")
-    return t.is_cpu and t.is_contiguous()
-
-
-def _pieces(
-    segs: Segments, slot_bytes: int, *, whole: bool
-) -> list[tuple[int, int, torch.Tensor | None]]:
-    """The payload ``[0, slot_bytes)`` as ordered ``(offset, length, segment)`` pieces, the
-    segment None for a gap the caller skipped. ``whole`` (writes) forbids gaps; overlapping
-    or out-of-range segments raise ValueError (a caller bug, not an I/O fault)."""
-    out: list[tuple[int, int, torch.Tensor | None]] = []
-    pos = 0
-    for off, seg in sorted(segs, key=lambda s: s[0]):
-        n = seg.numel()
-        if off < pos or off + n > slot_bytes:
-            raise ValueError(
-                f"segment [{off}, {off + n}) overlaps another or leaves the payload "
-                f"[0, {slot_bytes})"
-            )
-        if off > pos:
-            if whole:
-                raise ValueError(
-                    f"a write must cover the whole payload; bytes [{pos}, {off}) missing"
-                )
-            out.append((pos, off - pos, None))
-        if n:
-            out.append((off, n, seg))
-        pos = off + n
-    if pos < slot_bytes:
-        if whole:
-            raise ValueError(
-                f"a write must cover the whole payload; bytes [{pos}, {slot_bytes}) missing"
-            )
-        out.append((pos, slot_bytes - pos, None))
-    return out
-
-
-class _Iovecs:
-    """Flat buffer lists of a native batch: chunk i is entries ``start[i]:start[i+1]``.
-    A gap's entry holds its payload offset until :meth:`arrays` is given the scratch
-    buffer's address (per thread)."""
-
-    __slots__ = ("gaps", "lens", "ptrs", "start")
-
-    def __init__(self) -> None:
-        self.ptrs: list[int] = []
-        self.lens: list[int] = []
-        self.gaps: list[int] = []
-        self.start = [0]
-
-    def add(self, segs: Segments, slot_bytes: int, *, whole: bool) -> bool:
-        """Append one chunk; False (nothing appended) if a segment needs staging."""
-        if len(segs) == 1 and segs[0][0] == 0:
-            t = segs[0][1]
-            if t.numel() == slot_bytes and _in_host_memory(t):  # the common case
-                self.ptrs.append(t.data_ptr())
-                self.lens.append(slot_bytes)
-                self.start.append(len(self.ptrs))
-                return True
-        pieces = _pieces(segs, slot_bytes, whole=whole)
-        if any(seg is not None and not _in_host_memory(seg) for _, _, seg in pieces):
-            return False
-        for off, n, seg in pieces:
-            if seg is None:
-                self.gaps.append(len(self.ptrs))
-                self.ptrs.append(off)
-            else:
-                self.ptrs.append(seg.data_ptr())
-            self.lens.append(n)
-        self.start.append(len(self.ptrs))
-        return True
-
-
-class _Staged(NamedTuple):
-    """A payload range served by the thread's scratch buffer instead of caller memory."""
-
-    pos: int
-    """Position in the chunk's buffer list."""
-    offset: int
-    length: int
-    tensor: torch.Tensor | None
-    """A segment that cannot be a buffer (device memory, non-contiguous): copied to or
-    from scratch. None: a range the caller skipped, read only to verify the checksum."""
-
-
-_Plan = tuple[list[memoryview | None], list[_Staged]]
-"""One chunk's buffers in payload order, covering the whole payload (None where scratch
-goes), and the scratch ranges."""
-
-
-def _plan_segments(segs: Segments, slot_bytes: int, views: _Views, *, whole: bool) -> _Plan:
-    """Buffers covering the whole payload ``[0, slot_bytes)`` in order.
-
-    Gaps between segments (a load that skips blocks the engine holds) become scratch
-    ranges, read only to be hashed. ``whole`` (writes) forbids gaps. Overlapping or
-    out-of-range segments raise ValueError (a caller bug, not an I/O fault).
-    """
-    if len(segs) == 1 and segs[0][0] == 0 and segs[0][1].numel() == slot_bytes:
-        view = views.view(segs[0][1])  # the common case: one whole-payload segment
-        if view is not None:
-            return [view], []
-    bufs: list[memoryview | None] = []
-    staged: list[_Staged] = []
-    for off, n, seg in _pieces(segs, slot_bytes, whole=whole):
-        view = None if seg is None else views.view(seg)
-        if view is None:
-            staged.append(_Staged(len(bufs), off, n, seg))
-        bufs.append(view)
-    return bufs, staged
 
 
 class _NativeBatch(NamedTuple):
     """A native batch as arrays: per chunk its slot, file and payload offset; the flat
-    buffer lists (see :class:`_Iovecs`), the gap entries and their payload offsets."""
+    buffer lists (see :class:`Iovecs`), the gap entries and their payload offsets."""
 
     slots: np.ndarray
     fds: np.ndarray
@@ -574,7 +395,7 @@ class DiskSlab(SlotStore):
         return [fn(bounds[0], bounds[1]), *(f.result() for f in futures)]
 
     def _native_arrays(
-        self, slots: Sequence[int], iov: _Iovecs, chunks: list[int] | None
+        self, slots: Sequence[int], iov: Iovecs, chunks: list[int] | None
     ) -> _NativeBatch:
         """NumPy arrays of a native batch, for ``chunks`` (indices into ``slots``; None: all)."""
         start = np.array(iov.start, dtype=np.int64)
@@ -610,7 +431,7 @@ class DiskSlab(SlotStore):
                 batch.ptrs[batch.gaps[lo:hi]] = batch.gap_offs[lo:hi] + self._scratch_addr()
         return batch.ptrs
 
-    def _runs(self, slots: Sequence[int], plans: Sequence[_Plan]) -> list[tuple[int, int]]:
+    def _runs(self, slots: Sequence[int], plans: Sequence[Plan]) -> list[tuple[int, int]]:
         """Index ranges ``[i, j)`` of chunks that move in one syscall: consecutive slots of
         one file, no scratch ranges, at most RUN_BYTES and IOV_MAX buffers."""
         runs: list[tuple[int, int]] = []
@@ -626,7 +447,7 @@ class DiskSlab(SlotStore):
                     and slots[j] % spf
                     and not plans[j][1]
                     and (j - i + 1) * stride <= RUN_BYTES
-                    and nbufs + len(plans[j][0]) + 1 <= _IOV_MAX
+                    and nbufs + len(plans[j][0]) + 1 <= IOV_MAX
                 ):
                     nbufs += len(plans[j][0]) + 1
                     j += 1
@@ -716,7 +537,7 @@ class DiskSlab(SlotStore):
         # key or namespace never verify, even where the payloads are equal.
         return xxhash.xxh3_64_intdigest(key + self.namespace)
 
-    def _with_scratch(self, plan: _Plan) -> list[memoryview]:
+    def _with_scratch(self, plan: Plan) -> list[memoryview]:
         """The chunk's buffers, scratch ranges filled in from this thread's scratch."""
         bufs, staged = plan
         if not staged:
@@ -743,8 +564,8 @@ class DiskSlab(SlotStore):
                 got = self._read_native(self._native, slots, keys, dst)
                 if got is not None:
                     return got
-            views = _Views()
-            plans = [_plan_segments(segs, self.slot_bytes, views, whole=False) for segs in dst]
+            views = Views()
+            plans = [plan_segments(segs, self.slot_bytes, views, whole=False) for segs in dst]
             return self._batch(
                 lambda i, j: self._read_run(slots, keys, plans, i, j), self._runs(slots, plans)
             )
@@ -755,7 +576,7 @@ class DiskSlab(SlotStore):
         self, native: NativeIO, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
     ) -> list[bool] | None:
         """The native read path; None (nothing done) if a segment needs staging."""
-        iov = _Iovecs()
+        iov = Iovecs()
         for segs in dst:
             if not iov.add(segs, self.slot_bytes, whole=False):
                 return None
@@ -798,7 +619,7 @@ class DiskSlab(SlotStore):
         return out
 
     def _read_run(
-        self, slots: Sequence[int], keys: Sequence[Key], plans: Sequence[_Plan], i: int, j: int
+        self, slots: Sequence[int], keys: Sequence[Key], plans: Sequence[Plan], i: int, j: int
     ) -> list[bool]:
         """Chunks ``i .. j-1`` (consecutive slots of one file): one preadv, then one
         checksum per chunk. Any error there, and each chunk is read alone (per-chunk
@@ -815,7 +636,7 @@ class DiskSlab(SlotStore):
         fd, offset = self._locate(slots[i])
         total = (j - i - 1) * self._stride + self.slot_bytes
         try:
-            n = _io_all(os.preadv, fd, bufs, offset, total)
+            n = io_all(os.preadv, fd, bufs, offset, total)
         except OSError:
             n = -1
         if n != total:
@@ -825,14 +646,14 @@ class DiskSlab(SlotStore):
             for k in range(i, j)
         ]
 
-    def _read_chunk(self, slot: int, key: Key, plan: _Plan) -> bool:
+    def _read_chunk(self, slot: int, key: Key, plan: Plan) -> bool:
         if self._key_of[slot] != key:
             self._count(stale=1)
             return False
         bufs = self._with_scratch(plan)
         fd, offset = self._locate(slot)
         try:
-            n = _io_all(os.preadv, fd, bufs, offset, self.slot_bytes)
+            n = io_all(os.preadv, fd, bufs, offset, self.slot_bytes)
         except OSError:
             n = -1
         if n != self.slot_bytes:
@@ -849,7 +670,7 @@ class DiskSlab(SlotStore):
     def _verify(self, slot: int, key: Key, bufs: list[memoryview]) -> bool:
         """Whether the bytes read for ``slot`` hash to its recorded checksum; a mismatch
         is counted and erases the slot."""
-        if _digest(bufs, self._seed(key)) == self._sum_of[slot]:
+        if digest(bufs, self._seed(key)) == self._sum_of[slot]:
             return True
         self._count(corrupt=1)
         self._erase(slot, key)
@@ -882,8 +703,8 @@ class DiskSlab(SlotStore):
                 got = self._write_native(self._native, slots, keys, src, parents)
                 if got is not None:
                     return got
-            views = _Views()
-            plans = [_plan_segments(segs, self.slot_bytes, views, whole=True) for segs in src]
+            views = Views()
+            plans = [plan_segments(segs, self.slot_bytes, views, whole=True) for segs in src]
             links = _Links(parents)
             return self._batch(
                 lambda i, j: self._write_run(slots, keys, plans, links, i, j),
@@ -901,7 +722,7 @@ class DiskSlab(SlotStore):
         parents: Sequence[Key | None] | None,
     ) -> list[bool] | None:
         """The native write path; None (nothing done) if a segment needs staging."""
-        iov = _Iovecs()
+        iov = Iovecs()
         for segs in src:
             if not iov.add(segs, self.slot_bytes, whole=True):
                 return None
@@ -945,7 +766,7 @@ class DiskSlab(SlotStore):
     def _header(self, key: Key, links: _Links, k: int, bufs: list[memoryview]) -> tuple[bytes, int]:
         """(header, payload checksum) of chunk ``k``, whose payload was just written from
         ``bufs`` (the caller keeps them unchanged for the call)."""
-        checksum = _digest(bufs, self._seed(key))
+        checksum = digest(bufs, self._seed(key))
         seq = self._take_seqs(1)
         header = pack_header(
             key,
@@ -962,7 +783,7 @@ class DiskSlab(SlotStore):
         self,
         slots: Sequence[int],
         keys: Sequence[Key],
-        plans: Sequence[_Plan],
+        plans: Sequence[Plan],
         links: _Links,
         i: int,
         j: int,
@@ -982,7 +803,7 @@ class DiskSlab(SlotStore):
         fd, offset = self._locate(slots[i])
         total = (j - i) * self._stride
         try:
-            if _io_all(os.pwritev, fd, bufs, offset, total) != total:
+            if io_all(os.pwritev, fd, bufs, offset, total) != total:
                 raise OSError("short write")
             made = [
                 self._header(keys[k], links, k, cast(list[memoryview], plans[k][0]))
@@ -998,7 +819,7 @@ class DiskSlab(SlotStore):
             self._key_of[slots[k]] = keys[k]
         return [True] * (j - i)
 
-    def _write_chunk(self, slot: int, key: Key, plan: _Plan, links: _Links, k: int) -> bool:
+    def _write_chunk(self, slot: int, key: Key, plan: Plan, links: _Links, k: int) -> bool:
         # Forget the old contents first: from here until the header is written, the slot
         # holds nothing readable.
         self._key_of[slot] = None
@@ -1011,7 +832,7 @@ class DiskSlab(SlotStore):
         try:
             # Whole pages (with the zero pad): no read-modify-write of the last page.
             out = [*bufs, self._pad] if self._pad else bufs
-            if _io_all(os.pwritev, fd, out, offset, self._stride) != self._stride:
+            if io_all(os.pwritev, fd, out, offset, self._stride) != self._stride:
                 raise OSError("short write")
             header, checksum = self._header(key, links, k, bufs)
             if os.pwrite(fd, header, header_offset) != HEADER_BYTES:
@@ -1142,72 +963,6 @@ def _lock_owner(fd: int) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
-
-
-# -- rebuilding the index -------------------------------------------------------------------
-
-
-def restorable(records: Iterable[SlotRecord], num_slots: int | None = None) -> list[SlotRecord]:
-    """The records an index may re-admit, parents before children.
-
-    Of several copies of one key (an evicted copy whose slot was not reused yet, and a newer
-    one) the newest wins. Prefix closure: a record is admitted only if it starts a chain or
-    its parent is admitted; the fixpoint is computed as one walk down from the chain starts
-    (records whose ancestry never reaches a chain start are never met). O(records).
-    """
-    best: dict[Key, SlotRecord] = {}
-    for r in records:
-        if num_slots is not None and r.slot >= num_slots:
-            continue
-        cur = best.get(r.key)
-        if cur is None or r.seq > cur.seq:
-            best[r.key] = r
-    children: dict[Key, list[SlotRecord]] = {}
-    order: list[SlotRecord] = []
-    for r in best.values():
-        if r.parent is None:
-            order.append(r)
-        else:
-            children.setdefault(r.parent, []).append(r)
-    i = 0
-    while i < len(order):  # breadth first: ``order`` grows while it is walked
-        kids = children.get(order[i].key)
-        if kids:
-            order.extend(kids)
-        i += 1
-    return order
-
-
-def restore_index(index: SlotIndex, records: Iterable[SlotRecord]) -> int:
-    """Re-admit chunks found on disk into an empty ``index`` as READY, each in its own slot.
-
-    Returns how many keys were restored (see :func:`restorable` for which). Recency for the
-    eviction policy follows the write sequence numbers, with every chunk at least as recent
-    as its descendants (as stores leave it), so the oldest chains go first.
-    """
-    with gc_paused():
-        order = restorable(records, index.num_slots)
-        newest = _subtree_newest(order)
-        depth: dict[Key, int] = {}
-        for r in order:  # parents first
-            depth[r.key] = depth[r.parent] + 1 if r.parent is not None else 0
-        index.restore((r.key, r.slot, r.parent) for r in order)  # parents first
-        # Then recency: by the newest write in each key's subtree, deeper keys first on
-        # ties, so every key is at least as recent as its descendants.
-        policy = index.policy
-        for r in sorted(order, key=lambda r: (newest[r.key], -depth[r.key])):
-            policy.remove(r.key)
-            policy.insert(r.key)
-    return len(order)
-
-
-def _subtree_newest(order: list[SlotRecord]) -> dict[Key, int]:
-    """Per key, the newest write sequence number in its subtree (``order``: parents first)."""
-    newest = {r.key: r.seq for r in order}
-    for r in reversed(order):  # children first
-        if r.parent is not None and newest[r.key] > newest[r.parent]:
-            newest[r.parent] = newest[r.key]
-    return newest
 
 
 # -- the whole tier in one process ------------------------------------------------------------

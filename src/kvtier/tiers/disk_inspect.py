@@ -23,6 +23,7 @@ from kvtier.tiers.disk_format import (
     scan_headers,
     slab_file_name,
 )
+from kvtier.tiers.disk_restore import restorable
 
 
 def inspect_dir(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -106,8 +107,6 @@ def _lock_info(p: Path) -> dict[str, Any]:
 
 
 def _by_namespace(headers: list[SlotHeader]) -> list[dict[str, Any]]:
-    from kvtier.tiers.disk import restorable  # the restart rule lives with the tier
-
     groups: dict[bytes, list[SlotHeader]] = {}
     for h in headers:
         groups.setdefault(h.namespace, []).append(h)
