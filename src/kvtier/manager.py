@@ -396,7 +396,8 @@ class CacheManager:
         todo = todo[: len(slots)]
         blocks = list(block_ids[present * bpc : (present + len(slots)) * bpc])
         parents: list[Key | None] = [keys[present - 1] if present else None, *todo[:-1]]
-        after = sorted({self._demoting[s] for s in slots if s in self._demoting})
+        demoting = self._demoting  # empty unless write-back: no per-slot work on that path
+        after = sorted({demoting[s] for s in slots if s in demoting}) if demoting else []
         store = TransferJob(
             0, req_id, "store", tier.name, False, todo, slots, blocks, parents=parents, after=after
         )
