@@ -11,7 +11,7 @@ What it measures, per chunk size S in 64 KiB, 256 KiB, 1 MiB, 4 MiB:
   batch, one call (what a transfer job does): payload checksum (xxh3_64) computed on every
   store and verified on every load, headers written, the batch split over the slab's
   ``--threads`` I/O threads (the calling thread runs one part); the native data path
-  (``kvtier.tiers.slabio``) when it is built, as in production (``KVTIER_DISK_NATIVE=0``
+  (``kvtier.tiers.disk.native``) when it is built, as in production (``KVTIER_DISK_NATIVE=0``
   measures the Python path).
 - Baselines, same bytes, same offsets, same run: one ``os.pwritev``/``os.preadv`` per chunk
   straight from/into the same tensors, on one thread (``raw1``) and split the same way over
@@ -56,9 +56,9 @@ import xxhash
 
 from common import fmt_bytes, format_table, machine_info, write_json
 from kvtier.keys import Namespace
-from kvtier.tiers.disk import DiskSlab, DiskTier
-from kvtier.tiers.disk_format import SlabGeometry, pack_header, slab_file_name
-from kvtier.tiers.slabio import native_io
+from kvtier.tiers.disk.slab import DiskSlab, DiskTier
+from kvtier.tiers.disk.format import SlabGeometry, pack_header, slab_file_name
+from kvtier.tiers.disk.native import native_io
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 CHUNK_SIZES = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)

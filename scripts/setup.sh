@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.kvtier-setup
-want=$(sha256sum scripts/setup.sh pyproject.toml src/kvtier/tiers/_slabio.c | sha256sum | cut -c1-16)
+want=$(sha256sum scripts/setup.sh pyproject.toml src/kvtier/tiers/disk/_slabio.c | sha256sum | cut -c1-16)
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi

@@ -82,7 +82,7 @@ class MiniEngine:
         self.store = FaultyStore(store, fault) if fault else store
         stores = {"cpu": self.store}
         if disk_dir is not None:
-            from kvtier.tiers.disk import DiskSlab
+            from kvtier.tiers.disk.slab import DiskSlab
 
             self.disk = DiskSlab(disk_dir, disk_chunks, regions.chunk_bytes(bpc), ns.digest(), 2)
             stores["disk"] = self.disk

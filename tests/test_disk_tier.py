@@ -28,24 +28,24 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvtier.tiers.disk as disk_module
+import kvtier.tiers.disk.slab as disk_module
 from kvtier.errors import TierUnavailable
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.policies.eviction import make_eviction_policy
 from kvtier.testing import TierConformance
-from kvtier.tiers import slabio
-from kvtier.tiers.disk import DiskSlab, DiskTier
-from kvtier.tiers.disk_format import (
+from kvtier.tiers.disk import native as slabio
+from kvtier.tiers.disk.slab import DiskSlab, DiskTier
+from kvtier.tiers.disk.format import (
     SlabGeometry,
     SlotRecord,
     pack_header,
     read_superblock,
     slab_file_name,
 )
-from kvtier.tiers.disk_inspect import format_inspect, inspect_dir
-from kvtier.tiers.disk_restore import restorable, restore_index
+from kvtier.tiers.disk.inspect import format_inspect, inspect_dir
+from kvtier.tiers.disk.restore import restorable, restore_index
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.slabio import native_io
+from kvtier.tiers.disk.native import native_io
 
 NS = Namespace("test-model", "layout-x", "tp1").digest()
 OTHER_NS = Namespace("other-model", "layout-x", "tp1").digest()
@@ -494,7 +494,7 @@ def test_second_owner_is_refused(tmpdir_path):
 WRITER = r"""
 import hashlib, sys, torch
 from kvtier.keys import chunk_keys
-from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.disk.slab import DiskTier
 path, ns, ch = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
 tier = DiskTier(path, 48 * ch, ch, ns, threads=2, file_bytes=16 * ch)
 def payload(keys):
@@ -553,7 +553,7 @@ def test_killed_writer_leaves_no_wrong_bytes(tmpdir_path):
 FULL_DISK = r"""
 import hashlib, json, resource, signal, sys, torch
 from kvtier.keys import chunk_keys
-from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.disk.slab import DiskTier
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
 path, ns, ch = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
 # Files: one 4 KiB header area, then 32 slots. Writes past slot 16 (+ a bit) fail.

@@ -247,7 +247,7 @@ def test_multiprocess_engine_by_registered_name(tmp_path, baseline):
 
 def corrupt_payloads(disk_dir: Path) -> int:
     """Flip one byte in the payload of every slot written (headers stay valid)."""
-    from kvtier.tiers.disk_format import read_superblock, slab_file_name
+    from kvtier.tiers.disk.format import read_superblock, slab_file_name
 
     flipped = 0
     for rank_dir in disk_dir.iterdir():

@@ -49,7 +49,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from kvtier.tiers.disk_inspect import format_inspect, inspect_dir
+    from kvtier.tiers.disk.inspect import format_inspect, inspect_dir
 
     info = inspect_dir(args.path)
     if info.get("error") == "not a directory":

@@ -1,6 +1,6 @@
 /* Native data path of the disk tier: payload I/O fused with the payload checksum.
  *
- * Loaded with ctypes by kvtier.tiers.slabio (never imported as a Python module), so every
+ * Loaded with ctypes by kvtier.tiers.disk.native (never imported as a Python module), so every
  * call runs without the GIL. The hash functions are not linked: kvt_init receives the
  * addresses of xxHash's XXH3 functions from the xxhash package kvtier already depends on,
  * so this file and the Python path compute the same checksums by construction.

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtier.tiers.disk_format import (
+from kvtier.tiers.disk.format import (
     HEADER_BYTES,
     LOCK_NAME,
     SlotHeader,
@@ -23,7 +23,7 @@ from kvtier.tiers.disk_format import (
     scan_headers,
     slab_file_name,
 )
-from kvtier.tiers.disk_restore import restorable
+from kvtier.tiers.disk.restore import restorable
 
 
 def inspect_dir(path: str | os.PathLike[str]) -> dict[str, Any]:

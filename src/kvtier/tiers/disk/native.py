@@ -148,7 +148,7 @@ def native_io() -> NativeIO | None:
     ``KVTIER_DISK_NATIVE=0`` in the environment)."""
     if os.environ.get("KVTIER_DISK_NATIVE", "1") == "0":
         return None
-    spec = importlib.util.find_spec("kvtier.tiers._slabio")
+    spec = importlib.util.find_spec("kvtier.tiers.disk._slabio")
     if spec is None or spec.origin is None:
         log.info("kvtier: native disk I/O not built; using the Python path")
         return None

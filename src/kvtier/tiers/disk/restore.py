@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvtier.keys import Key
-from kvtier.tiers.disk_format import SlotRecord, gc_paused
+from kvtier.tiers.disk.format import SlotRecord, gc_paused
 from kvtier.tiers.index import SlotIndex
 
 

@@ -1,9 +1,9 @@
 """Disk tier: slab files of fixed-size slots under one directory, moved with preadv/pwritev.
 
 The on-disk format (directory layout, superblock, 128-byte slot headers kept apart from
-page-aligned payloads) is described in :mod:`kvtier.tiers.disk_format`.
+page-aligned payloads) is described in :mod:`kvtier.tiers.disk.format`.
 
-Two data paths, same bytes and headers: the native one (:mod:`kvtier.tiers.slabio`, built
+Two data paths, same bytes and headers: the native one (:mod:`kvtier.tiers.disk.native`, built
 at install) moves each chunk in cache-sized pieces, hashing each piece while it is in cache,
 with the GIL released, one call per I/O thread per batch; the Python one (no compiler, or
 segments that need staging through scratch) moves runs of consecutive slots with one
@@ -29,16 +29,16 @@ another open file holds it, so a second engine (or a second slab in the same pro
 directory is refused instead of both overwriting each other's slots. Sharing a directory
 safely would need a cross-process slot allocator; separate directories are simpler and as
 fast. The kernel drops the lock when its owner dies (SIGKILL included), so no stale lock
-survives a crash. Header readers (:meth:`DiskSlab.scan`, :mod:`kvtier.tiers.disk_inspect`)
+survives a crash. Header readers (:meth:`DiskSlab.scan`, :mod:`kvtier.tiers.disk.inspect`)
 take no lock: a scheduler process rebuilds its index with ``scan`` while its worker owns the
 slab.
 
 Inside an engine: the scheduler calls :meth:`DiskSlab.scan` and
-:func:`~kvtier.tiers.disk_restore.restore_index` to rebuild its
+:func:`~kvtier.tiers.disk.restore.restore_index` to rebuild its
 :class:`~kvtier.tiers.index.SlotIndex` and passes each chunk's parent key to the worker;
 every worker opens its own :class:`DiskSlab` (one directory per rank) and moves bytes.
 :class:`DiskTier` composes both in one process. How segments become buffers lives in
-:mod:`kvtier.tiers.disk_buffers`.
+:mod:`kvtier.tiers.disk.buffers`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from kvtier.keys import KEY_BYTES, Key, Namespace
 from kvtier.policies.eviction import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import Segments, SlotStore
-from kvtier.tiers.disk_buffers import (
+from kvtier.tiers.disk.buffers import (
     IOV_MAX,
     Iovecs,
     Plan,
@@ -72,7 +72,7 @@ from kvtier.tiers.disk_buffers import (
     io_all,
     plan_segments,
 )
-from kvtier.tiers.disk_format import (
+from kvtier.tiers.disk.format import (
     DEFAULT_FILE_BYTES,
     HEADER_BYTES,
     LOCK_NAME,
@@ -92,9 +92,9 @@ from kvtier.tiers.disk_format import (
     scan_headers,
     slab_file_name,
 )
-from kvtier.tiers.disk_restore import restore_index
+from kvtier.tiers.disk.restore import restore_index
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.slabio import CORRUPT, NativeIO, native_io
+from kvtier.tiers.disk.native import CORRUPT, NativeIO, native_io
 from kvtier.tiers.slot_tier import SlotTier
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class DiskSlab(SlotStore):
         formatted for another ``slot_bytes``, its slab files are deleted (a cache of
         another geometry is useless to us) and it is formatted afresh. ``native``: move
         host-memory segments with the native data path when it is built (see
-        :mod:`kvtier.tiers.slabio`); False forces the Python path (both give the same bytes
+        :mod:`kvtier.tiers.disk.native`); False forces the Python path (both give the same bytes
         and headers).
 
         Raises TierUnavailable when the directory is locked by another owner or cannot be

@@ -1,0 +1,1 @@
+"""The disk tier: slab files of fixed-size slots under one directory (see slab.py)."""
