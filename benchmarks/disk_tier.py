@@ -56,9 +56,9 @@ import xxhash
 
 from common import fmt_bytes, format_table, machine_info, write_json
 from kvtier.keys import Namespace
-from kvtier.tiers.disk.slab import DiskSlab, DiskTier
 from kvtier.tiers.disk.format import SlabGeometry, pack_header, slab_file_name
 from kvtier.tiers.disk.native import native_io
+from kvtier.tiers.disk.slab import DiskSlab, DiskTier
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 CHUNK_SIZES = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)

@@ -34,7 +34,6 @@ from kvtier.keys import Namespace, chunk_keys
 from kvtier.policies.eviction import make_eviction_policy
 from kvtier.testing import TierConformance
 from kvtier.tiers.disk import native as slabio
-from kvtier.tiers.disk.slab import DiskSlab, DiskTier
 from kvtier.tiers.disk.format import (
     SlabGeometry,
     SlotRecord,
@@ -43,9 +42,10 @@ from kvtier.tiers.disk.format import (
     slab_file_name,
 )
 from kvtier.tiers.disk.inspect import format_inspect, inspect_dir
-from kvtier.tiers.disk.restore import restorable, restore_index
-from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.disk.native import native_io
+from kvtier.tiers.disk.restore import restorable, restore_index
+from kvtier.tiers.disk.slab import DiskSlab, DiskTier
+from kvtier.tiers.index import SlotIndex
 
 NS = Namespace("test-model", "layout-x", "tp1").digest()
 OTHER_NS = Namespace("other-model", "layout-x", "tp1").digest()

@@ -46,8 +46,8 @@ from kvtier.policies.eviction import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import SlotStore
 from kvtier.tiers.cpu import CpuSlab
-from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.disk.restore import restore_index
+from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.transfer.engine import TransferEngine

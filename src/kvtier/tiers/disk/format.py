@@ -15,17 +15,8 @@ Slab file ``f`` holds slots ``f * spf .. f * spf + spf - 1``::
 
 Headers live apart from payloads so that rebuilding the index at start reads one small
 contiguous region per file (a 10 GiB tier of 1 MiB slots: 10 reads of 128 KiB), never the
-payloads. Slot header (128 bytes, little-endian, ``struct`` format ``HEADER_FORMAT``)::
-
-    off size field                          off size field
-    0    4   magic b"KVTS"                  48  16   parent key (zeros when none)
-    4    2   format version (1)             64  16   namespace digest (Namespace.digest())
-    6    2   flags: bit 0 has parent,       80  40   reserved (zeros)
-             bit 1 parent unknown           120  8   header checksum: xxh3_64 of [0, 120)
-    8    8   write sequence number
-    16   8   payload length (bytes)
-    24   8   payload checksum: xxh3_64(payload, seed = xxh3_64(key || namespace))
-    32  16   key
+payloads. A slot header is the chunk envelope of :mod:`kvtier.tiers.envelope` (128 bytes:
+key, parent, namespace, sequence number, payload length and checksum, header checksum).
 
 Superblock (``kvtier.super``, 48 bytes): magic b"KVTSUPER", version u32, header bytes u32,
 slot bytes u64, stride u64, slots per file u64, xxh3_64 of the preceding 40 bytes. It is
@@ -51,6 +42,16 @@ import numpy as np
 import xxhash
 
 from kvtier.keys import KEY_BYTES, Key
+from kvtier.tiers.envelope import (
+    FLAG_HAS_PARENT,
+    FLAG_PARENT_UNKNOWN,
+    HEADER_BYTES,
+    MAGIC,
+    NO_KEY,
+    SUMMED_BYTES,
+    VERSION,
+    pack_envelope,
+)
 
 ALIGN = 4096
 """Payload alignment (bytes): page size, so payload writes never read-modify-write a page."""
@@ -61,24 +62,17 @@ LOCK_NAME = "kvtier.lock"
 SUPER_NAME = "kvtier.super"
 SLAB_PATTERN = re.compile(r"slab-(\d{5})\.kvt")
 
-SLOT_MAGIC = b"KVTS"
-FORMAT_VERSION = 1
-HEADER_BYTES = 128
-HEADER_FORMAT = "<4sHHQQQ16s16s16s40sQ"
-_HEADER = struct.Struct(HEADER_FORMAT)
-_HEADER_SUMMED = HEADER_BYTES - 8
-FLAG_HAS_PARENT = 1
-FLAG_PARENT_UNKNOWN = 2
+SLOT_MAGIC = MAGIC
+FORMAT_VERSION = VERSION
+_HEADER_SUMMED = SUMMED_BYTES
 
 SUPER_MAGIC = b"KVTSUPER"
 _SUPER = struct.Struct("<8sIIQQQQ")
 """magic, version, header bytes, slot bytes, stride, slots per file, checksum of the rest."""
 
-_NO_KEY = bytes(KEY_BYTES)
+_NO_KEY = NO_KEY
 ZERO_HEADER = bytes(HEADER_BYTES)
 """An erased header (never validates)."""
-
-assert _HEADER.size == HEADER_BYTES
 
 
 def _round_up(n: int, align: int) -> int:
@@ -179,32 +173,8 @@ class SlotRecord(NamedTuple):
     """Write sequence number: larger is newer (monotonic per directory)."""
 
 
-def pack_header(
-    key: Key,
-    parent: Key | None,
-    namespace: bytes,
-    seq: int,
-    length: int,
-    checksum: int,
-    *,
-    parent_unknown: bool = False,
-) -> bytes:
-    """Encode a slot header, header checksum included (see the module docstring)."""
-    flags = FLAG_PARENT_UNKNOWN if parent_unknown else (FLAG_HAS_PARENT if parent else 0)
-    head = _HEADER.pack(
-        SLOT_MAGIC,
-        FORMAT_VERSION,
-        flags,
-        seq,
-        length,
-        checksum,
-        key,
-        parent or _NO_KEY,
-        namespace,
-        bytes(40),
-        0,
-    )[:_HEADER_SUMMED]
-    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+pack_header = pack_envelope
+"""Encode a slot header: the chunk envelope (:mod:`kvtier.tiers.envelope`)."""
 
 
 # A slot header as a NumPy record: headers are packed and parsed a whole batch at once.

@@ -92,9 +92,9 @@ from kvtier.tiers.disk.format import (
     scan_headers,
     slab_file_name,
 )
+from kvtier.tiers.disk.native import CORRUPT, NativeIO, native_io
 from kvtier.tiers.disk.restore import restore_index
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.disk.native import CORRUPT, NativeIO, native_io
 from kvtier.tiers.slot_tier import SlotTier
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,128 @@
+"""The chunk envelope: the fixed header every chunk carries outside process memory.
+
+Disk slots and (next) remote values hold the same 128-byte envelope in front of (disk: in a
+separate header area) the payload, so one codec checks both. Little-endian, ``struct``
+format ``HEADER_FORMAT``::
+
+    off size field                          off size field
+    0    4   magic b"KVTS"                  48  16   parent key (zeros when none)
+    4    2   format version (1)             64  16   namespace digest (Namespace.digest())
+    6    2   flags: bit 0 has parent,       80  40   reserved (zeros)
+             bit 1 parent unknown           120  8   header checksum: xxh3_64 of [0, 120)
+    8    8   sequence number (disk: write order; 0 elsewhere)
+    16   8   payload length (bytes)
+    24   8   payload checksum: xxh3_64(payload, seed = xxh3_64(key || namespace))
+    32  16   key
+
+The payload checksum is seeded with the key and namespace, so bytes stored under another
+key or by another namespace (model, layout, rank) never validate, even when a store hands
+back the wrong value for a key. Parsing never trusts a field it has not checked.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import xxhash
+
+from kvtier.keys import KEY_BYTES, Key
+
+MAGIC = b"KVTS"
+VERSION = 1
+HEADER_BYTES = 128
+HEADER_FORMAT = "<4sHHQQQ16s16s16s40sQ"
+_HEADER = struct.Struct(HEADER_FORMAT)
+SUMMED_BYTES = HEADER_BYTES - 8
+"""The header checksum covers bytes ``[0, SUMMED_BYTES)``."""
+FLAG_HAS_PARENT = 1
+FLAG_PARENT_UNKNOWN = 2
+NO_KEY = bytes(KEY_BYTES)
+
+assert _HEADER.size == HEADER_BYTES
+
+
+class Envelope(NamedTuple):
+    """A decoded envelope whose header checksum matched."""
+
+    key: Key
+    parent: Key | None
+    """None for a chain start, and when ``parent_unknown``."""
+    parent_unknown: bool
+    namespace: bytes
+    seq: int
+    length: int
+    checksum: int
+
+
+def payload_seed(key: Key, namespace: bytes) -> int:
+    """Seed of a payload's checksum: binds the bytes to their key and namespace."""
+    return int(xxhash.xxh3_64_intdigest(key + namespace))
+
+
+def payload_checksum(payload: bytes | bytearray | memoryview, key: Key, namespace: bytes) -> int:
+    return int(xxhash.xxh3_64_intdigest(payload, seed=payload_seed(key, namespace)))
+
+
+def pack_envelope(
+    key: Key,
+    parent: Key | None,
+    namespace: bytes,
+    seq: int,
+    length: int,
+    checksum: int,
+    *,
+    parent_unknown: bool = False,
+) -> bytes:
+    """Encode an envelope, header checksum included."""
+    flags = FLAG_PARENT_UNKNOWN if parent_unknown else (FLAG_HAS_PARENT if parent else 0)
+    head = _HEADER.pack(
+        MAGIC,
+        VERSION,
+        flags,
+        seq,
+        length,
+        checksum,
+        key,
+        parent or NO_KEY,
+        namespace,
+        bytes(40),
+        0,
+    )[:SUMMED_BYTES]
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+def parse_envelope(data: bytes | bytearray | memoryview) -> Envelope | None:
+    """The envelope in the first HEADER_BYTES of ``data``; None when it is not one (short,
+    wrong magic or version, header checksum mismatch)."""
+    if len(data) < HEADER_BYTES:
+        return None
+    head = bytes(data[:HEADER_BYTES])
+    magic, version, flags, seq, length, psum, key, parent, ns, _, hsum = _HEADER.unpack(head)
+    if magic != MAGIC or version != VERSION:
+        return None
+    if xxhash.xxh3_64_intdigest(head[:SUMMED_BYTES]) != hsum:
+        return None
+    unknown = bool(flags & FLAG_PARENT_UNKNOWN)
+    linked = bool(flags & FLAG_HAS_PARENT) and not unknown
+    return Envelope(key, parent if linked else None, unknown, ns, seq, length, psum)
+
+
+def seal(key: Key, parent: Key | None, namespace: bytes, payload: bytes) -> bytes:
+    """Envelope + payload as one value (what a key-addressed store keeps under a key)."""
+    csum = payload_checksum(payload, key, namespace)
+    return pack_envelope(key, parent, namespace, 0, len(payload), csum) + payload
+
+
+def unseal(value: bytes | None, key: Key, namespace: bytes, length: int) -> memoryview | None:
+    """The payload of a sealed value, or None when the value is missing, truncated, under
+    another key or namespace, of another length, or fails its checksum."""
+    if value is None:
+        return None
+    env = parse_envelope(value)
+    if env is None or env.key != key or env.namespace != namespace or env.length != length:
+        return None
+    payload = memoryview(value)[HEADER_BYTES:]
+    if len(payload) != length or payload_checksum(payload, key, namespace) != env.checksum:
+        return None
+    return payload
