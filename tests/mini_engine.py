@@ -9,6 +9,7 @@ the real engine, without a model.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -18,10 +19,10 @@ import torch
 from kvtier.config import KVTierConfig
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, ScheduledRequest, TierView
-from kvtier.policies import make_eviction_policy
-from kvtier.sources import HitSource
-from kvtier.tiers import CpuSlab, FaultPlan, FaultyStore, SlotIndex
+from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
+from kvtier.stack.registry import TierContext, build_stack, build_stores
+from kvtier.stack.spec import TierSpec
+from kvtier.tiers import FaultPlan, FaultyStore
 from kvtier.transfer import KVRegions, TransferEngine
 from kvtier.worker import WorkerSide
 
@@ -69,24 +70,38 @@ class MiniEngine:
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
         layout = KVLayout.dense(LAYERS, HEADS, HD2 // 2, "int16")
-        index = SlotIndex(cpu_chunks, make_eviction_policy(config.eviction, cpu_chunks))
-        tiers = [TierView("cpu", HitSource.HOST, index)]
         ns = Namespace("mini", layout.digest())
-        if disk_dir is not None:
-            disk_index = SlotIndex(disk_chunks, make_eviction_policy(config.eviction, disk_chunks))
-            tiers.append(TierView("disk", HitSource.DISK, disk_index))
-        self.manager = CacheManager(config, layout, ns, block_tokens, tiers)
+        bpc = resolve_chunk_tokens(config, block_tokens) // block_tokens
+        self.chunk_bytes = layout.chunk_bytes(bpc * block_tokens)
+        if not config.tiers:
+            # The flat keys' stack, sized in chunks (cpu_bytes stays the real engine's).
+            specs = [TierSpec("cpu", capacity=cpu_chunks * self.chunk_bytes)]
+            if disk_dir is not None:
+                back = config.disk_write_policy == "write-back"
+                specs.append(
+                    TierSpec(
+                        "disk",
+                        capacity=disk_chunks * self.chunk_bytes,
+                        path=str(disk_dir),
+                        threads=2,
+                        on_store="skip" if back else "through",
+                        on_evict="demote" if back else "drop",
+                    )
+                )
+            config = dataclasses.replace(config, tiers=tuple(specs))
+        self.config = config
+        ctx = TierContext(config, self.chunk_bytes, ns, bpc, rank_dirs=False)
+        self.manager = CacheManager(config, layout, ns, block_tokens, build_stack(config, ctx))
         regions = KVRegions.from_tensors(self.kv, num_blocks)
-        bpc = self.manager.blocks_per_chunk
-        store = CpuSlab(cpu_chunks, regions.row_bytes, bpc)
-        self.store = FaultyStore(store, fault) if fault else store
-        stores = {"cpu": self.store}
-        if disk_dir is not None:
-            from kvtier.tiers.disk.slab import DiskSlab
-
-            self.disk = DiskSlab(disk_dir, disk_chunks, regions.chunk_bytes(bpc), ns.digest(), 2)
-            stores["disk"] = self.disk
-        engine = TransferEngine(regions, stores, bpc)
+        assert regions.chunk_bytes(bpc) == self.chunk_bytes
+        ctx = dataclasses.replace(ctx, row_bytes=tuple(regions.row_bytes))
+        self.stores = build_stores(config, ctx)
+        first = next(iter(self.stores))
+        if fault:
+            self.stores[first] = FaultyStore(self.stores[first], fault)
+        self.store = self.stores[first]
+        self.disk = next((st for st in self.stores.values() if hasattr(st, "corrupt_reads")), None)
+        engine = TransferEngine(regions, self.stores, bpc)
         self.worker = WorkerSide(engine)
         self.reqs: dict[str, Req] = {}
         self.waiting: list[Req] = []

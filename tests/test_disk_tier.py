@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import kvtier.tiers.disk.slab as disk_module
 from kvtier.errors import TierUnavailable
 from kvtier.keys import Namespace, chunk_keys
-from kvtier.policies.eviction import make_eviction_policy
+from kvtier.policies.registry import make_eviction_policy
 from kvtier.testing import TierConformance
 from kvtier.tiers.disk import native as slabio
 from kvtier.tiers.disk.format import (

@@ -14,12 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvtier.errors import ConfigError
+from kvtier.stack.spec import TierSpec, flat_tier_specs, parse_tiers
 from kvtier.units import parse_size
 
-EvictionName = Literal["lru", "arc"]
 WritePolicy = Literal["write-through", "write-back"]
-EVICTION_POLICIES: tuple[str, ...] = ("lru", "arc")
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
+FLAT_TIER_KEYS: tuple[str, ...] = (
+    "cpu_bytes",
+    "disk_path",
+    "disk_bytes",
+    "disk_write_policy",
+    "disk_threads",
+)
+"""The shorthand keys describing a cpu (+ disk) stack; refused next to ``tiers``."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,9 @@ class KVTierConfig:
     cpu_bytes: int = 4 << 30
     """Capacity of the CPU tier in bytes (per device). The slab is allocated once at start."""
 
-    eviction: EvictionName = "lru"
-    """Eviction policy of the CPU and disk tiers: "lru" or "arc"."""
+    eviction: str = "lru"
+    """Eviction policy of every tier that does not name its own: "lru" or "arc" (any
+    policy registered in :mod:`kvtier.policies.registry`)."""
 
     admission_min_seen: int = 1
     """Store a chunk only once it has been seen in at least this many lookups (1 = always)."""
@@ -107,6 +115,13 @@ class KVTierConfig:
     """Also store chunks made of generated tokens, when the request finishes (multi-turn chat
     re-sends the previous answer as part of the next prompt)."""
 
+    tiers: tuple[TierSpec, ...] = ()
+    """The tier stack, innermost first: a list of mappings with the keys of
+    :class:`~kvtier.stack.spec.TierSpec` (``kind``, ``capacity``, ``eviction``, ``path``,
+    ``url``, edge rules ``on_store`` / ``on_evict`` / ``on_hit`` toward the tier above...).
+    Empty (default): the stack the flat keys describe, a CPU tier of ``cpu_bytes`` and,
+    with ``disk_path``, a disk tier below it (``disk_write_policy`` its edge rules)."""
+
     fault_injection: Mapping[str, Any] | None = None
     """Testing only: make tier reads/writes fail on purpose, e.g. {"seed": 1,
     "read_fail_rate": 0.2} or {"fail_all_reads": true}. Keys: seed, read_fail_rate,
@@ -123,6 +138,13 @@ class KVTierConfig:
                 f"unknown kvtier config key(s) {', '.join(map(repr, unknown))}; "
                 f"accepted keys: {', '.join(sorted(known))}"
             )
+        if data.get("tiers"):
+            flat = sorted(set(FLAT_TIER_KEYS) & set(data))
+            if flat:
+                raise ConfigError(
+                    f"tiers: give the stack either as 'tiers' or with the flat keys, not both "
+                    f"(also given: {', '.join(flat)})"
+                )
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             kwargs[key] = _PARSERS[key](value, key)
@@ -137,7 +159,28 @@ class KVTierConfig:
         """A JSON-friendly mapping that from_dict accepts back."""
         out = dataclasses.asdict(self)
         out["sync_budget"] = str(self.sync_budget)
+        out["tiers"] = [t.to_dict() for t in self.tiers]
         return out
+
+    def tier_specs(self) -> tuple[TierSpec, ...]:
+        """The stack to build: ``tiers``, or the one the flat keys describe."""
+        if self.tiers:
+            return self.tiers
+        return flat_tier_specs(self)
+
+
+def _eviction(value: object, name: str) -> str:
+    from kvtier.policies.registry import eviction_names
+
+    return str(_choice(eviction_names())(value, name))
+
+
+def _tiers(value: object, name: str) -> tuple[TierSpec, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, Mapping) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{name}: expected a list of tier mappings, got {value!r}")
+    return parse_tiers(value, name)
 
 
 def _int(min_value: int) -> Any:
@@ -224,7 +267,7 @@ def _text(value: object, name: str) -> str:
 _PARSERS: dict[str, Any] = {
     "chunk_tokens": _int(0),
     "cpu_bytes": _size,
-    "eviction": _choice(EVICTION_POLICIES),
+    "eviction": _eviction,
     "admission_min_seen": _int(1),
     "sync_budget": lambda v, n: SyncBudget.parse(v, name=n),
     "disk_path": _opt_path,
@@ -233,5 +276,6 @@ _PARSERS: dict[str, Any] = {
     "disk_threads": _int(1),
     "namespace": _text,
     "store_output_tokens": _bool,
+    "tiers": _tiers,
     "fault_injection": _faults,
 }

@@ -17,15 +17,16 @@ JobKind = Literal["load", "store", "copy"]
 class TransferJob:
     """Copy chunks between a tier's slots and engine blocks, or between two tiers.
 
-    Chunk i lives in tier slot ``slots[i]`` under key ``keys[i]``. For loads and stores,
+    Chunk i lives under key ``keys[i]``, in tier slot ``slots[i]`` (-1 for a tier addressed
+    by key). For loads and stores,
     ``block_ids`` lists the engine blocks moved, chunk after chunk: every chunk covers
     ``blocks_per_chunk`` blocks except the first, whose leading ``skip`` blocks are not
     moved (the engine already holds them); stores always have ``skip == 0``. A ``copy``
     job moves whole chunks from ``tier`` slots to ``dst_tier`` slots ``dst_slots`` (no
     engine blocks). ``parents`` (the chain key before each key) goes along to tiers that
     record it for restarts. ``after``: ids of jobs (of the same plan or earlier) that must
-    finish on this worker before this one starts; a store into CPU slots whose previous
-    chunks are still being demoted to disk waits for those copies.
+    finish on this worker before this one starts; a store or copy into slots whose previous
+    chunks are still being demoted to the tier below waits for those copies.
     """
 
     job_id: int
@@ -116,8 +117,6 @@ class WorkerReport:
     results: list[JobResult] = field(default_factory=list)
     forward_seconds: float = 0.0
     """Forward-pass time of the step, sync copies excluded (0 if no forward ran)."""
-    sync_seconds: float = 0.0
-    """Time spent on this step's sync loads."""
     load_bandwidth: float = 0.0
     """Calibrated load bandwidth in bytes/s (reported once, 0 otherwise)."""
 
@@ -126,7 +125,6 @@ class WorkerReport:
         return WorkerReport(
             self.results + other.results,
             max(self.forward_seconds, other.forward_seconds),
-            max(self.sync_seconds, other.sync_seconds),
             min(x for x in (self.load_bandwidth, other.load_bandwidth) if x > 0)
             if (self.load_bandwidth > 0 or other.load_bandwidth > 0)
             else 0.0,

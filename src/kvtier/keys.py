@@ -10,6 +10,7 @@ equal token prefixes under the same model, geometry and salt.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,23 +33,44 @@ class Namespace:
     layout_digest: str
     """KVLayout.digest(): geometry and dtype."""
     parallel: str = "tp1"
-    """Parallel layout and this worker's shard, e.g. "tp2r0"."""
+    """Parallel layout, e.g. "tp2pp1"; with :attr:`rank` it names this worker's shard
+    ("tp2pp1/rank1" in :meth:`digest`)."""
     extra: str = ""
     """Deployment-chosen namespace text (KVTierConfig.namespace)."""
+    rank: int = 0
+    """This worker's shard (tensor-parallel rank). Chunk keys are the same on every rank
+    (the scheduler computes them once); the bytes differ, so envelopes carry the rank's
+    :meth:`digest` and shared stores keep one value per rank (:func:`rank_key`)."""
 
-    def digest(self) -> bytes:
-        """16 bytes identifying the namespace; stored in disk/remote headers."""
+    def chain_digest(self) -> bytes:
+        """16 bytes identifying what every rank shares: the seed of every chain."""
         text = "\x1f".join(
             ("kvtier-ns-v1", self.model, self.layout_digest, self.parallel, self.extra)
         )
         return hashlib.blake2b(text.encode(), digest_size=KEY_BYTES).digest()
 
+    def digest(self) -> bytes:
+        """16 bytes identifying this rank's shard of the namespace; stored in disk and
+        remote envelopes, so one rank's bytes never validate as another's."""
+        text = f"{self.parallel}/rank{self.rank}".encode()
+        return hashlib.blake2b(self.chain_digest() + text, digest_size=KEY_BYTES).digest()
+
+    def for_rank(self, rank: int) -> Namespace:
+        return dataclasses.replace(self, rank=rank)
+
     def seed(self, cache_salt: str | None = None, lora: str | None = None) -> bytes:
-        """The chain seed of a request: namespace digest + cache salt + LoRA identity."""
+        """The chain seed of a request: namespace (rank-free) + cache salt + LoRA identity."""
         if not cache_salt and not lora:
-            return self.digest()
+            return self.chain_digest()
         text = f"{cache_salt or ''}\x1f{lora or ''}".encode()
-        return hashlib.blake2b(self.digest() + text, digest_size=KEY_BYTES).digest()
+        return hashlib.blake2b(self.chain_digest() + text, digest_size=KEY_BYTES).digest()
+
+
+def rank_key(key: Key, rank: int) -> bytes:
+    """The key of one rank's bytes of a chunk in a shared store (18 bytes): under tensor
+    parallelism every rank stores its own shard, and a chunk is present only when every
+    rank's key is."""
+    return key + rank.to_bytes(2, "little")
 
 
 def chunk_keys(tokens: Sequence[int], chunk_tokens: int, seed: bytes) -> list[Key]:

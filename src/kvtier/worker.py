@@ -8,7 +8,7 @@ Per step, in the engine's order:
 3. the engine's forward pass;
 4. ``end_forward()``: queue the plan's stores (they read KV this forward wrote, and must
    not delay it);
-5. ``transfer_results(finished)``, ``load_errors()``, ``report()``.
+5. ``transfer_results()``, ``load_errors()``, ``report()``.
 
 Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
 """
@@ -35,7 +35,6 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._t_begin = 0.0
         self._load_seconds = 0.0
-        self._sync_seconds = 0.0
         self._forward_seconds = 0.0
         self._bandwidth = engine.calibrate() if calibrate else 0.0
 
@@ -65,7 +64,6 @@ class WorkerSide:
             self._submit(job)
         if sync:
             self.engine.wait([j.job_id for j in sync])
-            self._sync_seconds += time.perf_counter() - t0
         for job in plan.loads:
             if not job.sync:
                 self._async_loads.setdefault(job.req_id, set()).add(job.job_id)
@@ -98,7 +96,7 @@ class WorkerSide:
 
     # -- results ---------------------------------------------------------------------------
 
-    def transfer_results(self, finished_req_ids: Iterable[str] = ()) -> tuple[set[str], set[str]]:
+    def transfer_results(self) -> tuple[set[str], set[str]]:
         """``(finished sending, finished receiving)`` request ids, vLLM's get_finished."""
         self._collect()
         recving: set[str] = set()
@@ -123,11 +121,9 @@ class WorkerSide:
     def report(self) -> WorkerReport:
         """Results and measurements since the last report."""
         self._collect()
-        rep = WorkerReport(
-            self._results, self._forward_seconds, self._sync_seconds, self._bandwidth
-        )
+        rep = WorkerReport(self._results, self._forward_seconds, self._bandwidth)
         self._results = []
-        self._forward_seconds = self._sync_seconds = 0.0
+        self._forward_seconds = 0.0
         self._bandwidth = 0.0
         return rep
 

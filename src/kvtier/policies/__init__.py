@@ -1,7 +1,8 @@
 """Eviction and admission policies."""
 
 from kvtier.policies.admission import AdmissionPolicy, SeenCountAdmission, make_admission_policy
-from kvtier.policies.eviction import ARCPolicy, EvictionPolicy, LRUPolicy, make_eviction_policy
+from kvtier.policies.eviction import ARCPolicy, EvictionPolicy, LRUPolicy
+from kvtier.policies.registry import eviction_names, make_eviction_policy, register_eviction
 
 __all__ = [
     "ARCPolicy",
@@ -10,5 +11,7 @@ __all__ = [
     "LRUPolicy",
     "SeenCountAdmission",
     "make_admission_policy",
+    "eviction_names",
     "make_eviction_policy",
+    "register_eviction",
 ]

@@ -12,7 +12,6 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 
-from kvtier.errors import ConfigError
 from kvtier.keys import Key
 
 
@@ -145,12 +144,3 @@ class ARCPolicy(EvictionPolicy):
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
-
-
-def make_eviction_policy(name: str, capacity: int) -> EvictionPolicy:
-    """Build a policy by name ("lru" or "arc")."""
-    if name == "lru":
-        return LRUPolicy(capacity)
-    if name == "arc":
-        return ARCPolicy(capacity)
-    raise ConfigError(f"eviction: unknown policy {name!r}; accepted values: lru, arc")

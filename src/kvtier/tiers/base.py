@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Literal, Protocol
 
 import torch
 
@@ -27,8 +28,98 @@ tensor holding payload bytes ``[offset, offset + numel)``. A load may cover only
 payload (it skips blocks the engine already holds)."""
 
 
+class Pending:
+    """A lookup answer meaning "not yet": the index is still finding out (a slow probe);
+    ask again later. Never blocks the caller."""
+
+    _instance: Pending | None = None
+
+    def __new__(cls) -> Pending:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING = Pending()
+
+
+class TierIndex(Protocol):
+    """Scheduler-side membership of one tier: which keys it holds, where, in what state.
+
+    Two kinds implement it:
+
+    - authoritative, prefix-closed (:class:`~kvtier.tiers.index.SlotIndex`: cpu, disk,
+      private memory): kvtier alone writes the tier, so the index knows exactly what it
+      holds; ``leading`` is a binary search, ``reserve`` hands out slots (evicting),
+      ``hold`` pins a chain against eviction while it is read;
+    - shared (:class:`~kvtier.tiers.shared.ProbeIndex`): other engines write the store and
+      it evicts on its own. ``leading`` probes keys and stops at the first miss (and may
+      answer PENDING), ``reserve`` hands out no slots (the store is addressed by key),
+      ``hold`` cannot pin: a load may find a key gone and then fails that chunk.
+
+    Single-threaded (the scheduler's thread). Every method is cheap or non-blocking.
+    """
+
+    shared: bool
+    """True for a shared index (no prefix closure, no pins, key-addressed)."""
+    evictions: int
+    """Chunks this index evicted so far (0 for a shared one: the store evicts unseen)."""
+    record_evictions: bool
+
+    def leading(self, keys: Sequence[Key], start: int = 0) -> int | Pending:
+        """Index of the first key at or after ``start`` that is not readable now."""
+
+    def stored_len(self, keys: Sequence[Key]) -> int:
+        """Leading keys present in any state (stored or being stored): where a store of
+        this chain starts. A shared index answers 0: its store skips present keys."""
+
+    def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
+        """Room for a chain continuing ``parent``: one address per key of the longest
+        prefix that fits (slots; -1 for key-addressed stores)."""
+
+    def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
+        """Stores finished (per-chunk success); returns keys dropped."""
+
+    def slots_of(self, keys: Sequence[Key]) -> list[int]:
+        """Addresses of readable keys (-1 each for key-addressed stores)."""
+
+    def hold(self, key: Key) -> bool:
+        """Keep ``key``'s chain from eviction while a copy reads it; False if the index
+        cannot (shared): the reader must then cope with the key vanishing."""
+
+    def release(self, key: Key) -> None:
+        """End a :meth:`hold` that returned True."""
+
+    def touch(self, keys: Sequence[Key]) -> None:
+        """Record reuse of a chain prefix (root first)."""
+
+    def invalidate(self, key: Key) -> list[Key]:
+        """Forget ``key`` and its descendants (their bytes failed a check)."""
+
+    def take_evicted(self) -> list[tuple[Key, int, Key | None]]:
+        """``(key, slot, parent)`` evicted since the last call, when recording."""
+
+    def is_ready(self, key: Key) -> bool: ...
+
+    def has(self, key: Key) -> bool: ...
+
+    def slot_of(self, key: Key) -> int: ...
+
+    def parent_of(self, key: Key) -> Key | None: ...
+
+    def clear(self) -> None:
+        """Forget what is not in use (reset). A shared index forgets its local state only."""
+
+    def __len__(self) -> int: ...
+
+
 class SlotStore(ABC):
-    """Data plane of a slot tier: ``num_slots`` slots of ``slot_bytes`` bytes.
+    """Data plane of a tier: ``num_slots`` slots of ``slot_bytes`` bytes, addressed by slot
+    (cpu, disk, private memory) or by key (``addressing = "key"``: shared stores, which
+    ignore the slot numbers they are given).
 
     Contract:
     - ``read``/``write`` move chunk payloads between slots and caller-owned segments. The
@@ -43,6 +134,7 @@ class SlotStore(ABC):
 
     num_slots: int
     slot_bytes: int
+    addressing: Literal["slot", "key"] = "slot"
 
     @abstractmethod
     def read(

@@ -14,18 +14,23 @@ region 0's rows of the chunk, then region 1's, ...
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kvtier.keys import Key
-from kvtier.policies.eviction import make_eviction_policy
+from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.slot_tier import SlotTier
 from kvtier.transfer.copy import copy_segments, gather_rows, scatter_rows
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
+
+if TYPE_CHECKING:
+    from kvtier.stack.registry import TierContext
+    from kvtier.stack.spec import TierSpec
 
 
 class CpuSlab(SlotStore):
@@ -166,3 +171,24 @@ class CpuTier(SlotTier):
         num_slots = capacity_bytes // chunk_bytes if chunk_bytes else 0
         index = SlotIndex(num_slots, make_eviction_policy(eviction, num_slots))
         super().__init__("cpu", HitSource.HOST, index, CpuSlab.flat_chunks(num_slots, chunk_bytes))
+
+
+def _index(spec: TierSpec, ctx: TierContext) -> SlotIndex:
+    n = ctx.capacity_chunks(spec, ctx.config.cpu_bytes)
+    return SlotIndex(n, make_eviction_policy(ctx.eviction(spec), n))
+
+
+def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
+    n = ctx.capacity_chunks(spec, ctx.config.cpu_bytes)
+    if ctx.row_bytes:
+        return CpuSlab(n, ctx.row_bytes, ctx.blocks_per_chunk)
+    return CpuSlab.flat_chunks(n, ctx.chunk_bytes)
+
+
+def _kind() -> object:
+    from kvtier.stack.registry import TierKind
+
+    return TierKind("cpu", HitSource.HOST, True, _index, _store, lambda c: c.cpu_bytes)
+
+
+KIND = _kind()

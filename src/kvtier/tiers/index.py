@@ -47,7 +47,10 @@ def _writing(e: _Entry) -> bool:
 
 
 class SlotIndex:
-    """Key -> slot map of a tier with ``num_slots`` fixed-size slots."""
+    """Key -> slot map of a tier with ``num_slots`` fixed-size slots: the authoritative,
+    prefix-closed :class:`~kvtier.tiers.base.TierIndex`."""
+
+    shared = False
 
     def __init__(self, num_slots: int, policy: EvictionPolicy) -> None:
         if num_slots < 0:
@@ -117,6 +120,12 @@ class SlotIndex:
             else:
                 hi = mid
         return lo
+
+    def leading(self, keys: Sequence[Key], start: int = 0) -> int:
+        return self.prefix_len(keys, start)
+
+    def stored_len(self, keys: Sequence[Key]) -> int:
+        return self.prefix_len(keys, any_state=True)
 
     # -- stores ----------------------------------------------------------------------------
 
@@ -190,28 +199,9 @@ class SlotIndex:
             )
 
     def restore(self, entries: Iterable[tuple[Key, int, Key | None]]) -> int:
-        """Re-admit READY chunks at known slots into an empty index (a tier's restart).
-
-        ``entries``: ``(key, slot, parent)``, parents before children, oldest first; the
-        caller has already checked prefix closure. Keys are inserted into the eviction
-        policy in the given order, so later entries are more recent. Returns the count.
-        """
-        if self._entries:
-            raise ValueError("restore needs an empty index")
-        taken: set[int] = set()
-        for key, slot, parent in entries:
-            if not 0 <= slot < self.num_slots or slot in taken or key in self._entries:
-                raise ValueError(f"restore: bad or repeated slot {slot} / key")
-            if parent is not None and parent not in self._entries:
-                raise ValueError("restore: a parent must come before its children")
-            taken.add(slot)
-            self._entries[key] = _Entry(slot, parent, state=READY)
-            if parent is not None:
-                self._entries[parent].children.append(key)
-            self.policy.insert(key)
-        # Lowest free slots first, as on a fresh index.
-        self._free = [s for s in range(self.num_slots - 1, -1, -1) if s not in taken]
-        return len(taken)
+        """Re-admit READY chunks at known slots into an empty index (a tier's restart);
+        see :func:`restore_entries`."""
+        return restore_entries(self, entries)
 
     # -- loads -----------------------------------------------------------------------------
 
@@ -225,6 +215,13 @@ class SlotIndex:
             e.pins += 1
             slots.append(e.slot)
         return slots
+
+    def hold(self, key: Key) -> bool:
+        self.pin((key,))
+        return True
+
+    def release(self, key: Key) -> None:
+        self.unpin((key,))
 
     def unpin(self, keys: Iterable[Key]) -> None:
         for key in keys:
@@ -335,17 +332,47 @@ class SlotIndex:
 
     def check(self) -> None:
         """Raise AssertionError if an invariant is broken (tests and debugging)."""
-        used = {e.slot for e in self._entries.values()}
-        assert len(used) == len(self._entries), "two keys share a slot"
-        assert used.isdisjoint(self._free), "a used slot is also free"
-        assert len(used) + len(self._free) == self.num_slots, "slots leaked"
-        assert len(self.policy) == len(self._entries), "policy and index disagree"
-        for key, e in self._entries.items():
-            if e.parent is not None:
-                p = self._entries.get(e.parent)
-                assert p is not None, "prefix closure broken: parent missing"
-                assert key in p.children
-                if e.state == READY:
-                    assert p.state == READY, "READY child of a non-READY parent"
-            for c in e.children:
-                assert self._entries[c].parent == key
+        check_index(self, self._entries, self._free)
+
+
+def check_index(index: SlotIndex, entries: dict[Key, _Entry], free: list[int]) -> None:
+    """The invariants of the module docstring, asserted."""
+    used = {e.slot for e in entries.values()}
+    assert len(used) == len(entries), "two keys share a slot"
+    assert used.isdisjoint(free), "a used slot is also free"
+    assert len(used) + len(free) == index.num_slots, "slots leaked"
+    assert len(index.policy) == len(entries), "policy and index disagree"
+    for key, e in entries.items():
+        if e.parent is not None:
+            p = entries.get(e.parent)
+            assert p is not None, "prefix closure broken: parent missing"
+            assert key in p.children
+            if e.state == READY:
+                assert p.state == READY, "READY child of a non-READY parent"
+        for c in e.children:
+            assert entries[c].parent == key
+
+
+def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | None]]) -> int:
+    """Re-admit READY chunks at known slots into an empty index (a tier's restart).
+
+    ``entries``: ``(key, slot, parent)``, parents before children, oldest first; the
+    caller has already checked prefix closure. Keys are inserted into the eviction
+    policy in the given order, so later entries are more recent. Returns the count.
+    """
+    if index._entries:
+        raise ValueError("restore needs an empty index")
+    taken: set[int] = set()
+    for key, slot, parent in entries:
+        if not 0 <= slot < index.num_slots or slot in taken or key in index._entries:
+            raise ValueError(f"restore: bad or repeated slot {slot} / key")
+        if parent is not None and parent not in index._entries:
+            raise ValueError("restore: a parent must come before its children")
+        taken.add(slot)
+        index._entries[key] = _Entry(slot, parent, state=READY)
+        if parent is not None:
+            index._entries[parent].children.append(key)
+        index.policy.insert(key)
+    # Lowest free slots first, as on a fresh index.
+    index._free = [s for s in range(index.num_slots - 1, -1, -1) if s not in taken]
+    return len(taken)

@@ -1,21 +1,29 @@
-"""Memory tier: a dictionary-backed test double with the full tier contract.
+"""Memory tier: a dictionary-backed test tier with the full tier contract.
 
 No preallocated slab and no batched copies: one small tensor per stored chunk. Use it to
-exercise managers, adapters and tools without sizing a real tier.
+exercise managers, adapters and tools without sizing a real tier. Configured ``shared``, it
+is a key-addressed store other engines write and that evicts on its own
+(:mod:`kvtier.tiers.shared`): the stand-in for a remote tier.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvtier.keys import Key
-from kvtier.policies.eviction import make_eviction_policy
+from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.tiers.base import Segments, SlotStore
+from kvtier.tiers.base import Segments, SlotStore, TierIndex
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore, shared_space
 from kvtier.tiers.slot_tier import SlotTier
+
+if TYPE_CHECKING:
+    from kvtier.stack.registry import TierContext, TierKind
+    from kvtier.stack.spec import TierSpec
 
 
 class DictStore(SlotStore):
@@ -71,3 +79,31 @@ class MemoryTier(SlotTier):
     ) -> None:
         index = SlotIndex(capacity_chunks, make_eviction_policy(eviction, capacity_chunks))
         super().__init__(name, source, index, DictStore(capacity_chunks, chunk_bytes))
+
+
+def _shared(spec: TierSpec, ctx: TierContext) -> SharedSpace:
+    return shared_space(spec.url or f"memory://{spec.label}", ctx.capacity_chunks(spec, 64 << 20))
+
+
+def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
+    if spec.shared:
+        return ProbeIndex(_shared(spec, ctx), ctx.world, spec.lookup_delay_ms / 1e3)
+    n = ctx.capacity_chunks(spec, 64 << 20)
+    return SlotIndex(n, make_eviction_policy(ctx.eviction(spec), n))
+
+
+def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
+    if spec.shared:
+        return SharedStore(
+            _shared(spec, ctx), ctx.chunk_bytes, ctx.namespace.digest(), ctx.namespace.rank
+        )
+    return DictStore(ctx.capacity_chunks(spec, 64 << 20), ctx.chunk_bytes)
+
+
+def _kind() -> TierKind:
+    from kvtier.stack.registry import TierKind
+
+    return TierKind("memory", HitSource.HOST, False, _index, _store, lambda c: 64 << 20)
+
+
+KIND = _kind()

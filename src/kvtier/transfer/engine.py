@@ -1,8 +1,11 @@
 """The worker-side transfer engine: two copy queues and the job bookkeeping around them.
 
-- The *normal* queue runs asynchronous loads and all stores, in submission order.
+- The *normal* queue runs asynchronous loads and stores of the first store (host memory),
+  in submission order.
 - The *expedited* queue runs sync loads (hits loaded within the step). It has its own
   thread (and CUDA stream), so a sync load never waits behind queued async work.
+- The *io* queue runs jobs touching any other store (disk, shared) and every copy between
+  tiers, so slow I/O never holds up memory copies queued behind it.
 
 On CUDA each queue issues its copies on its own stream after waiting for the work the
 engine had queued on the compute stream when the job was submitted (zeroed blocks, this
@@ -116,10 +119,8 @@ class TransferEngine:
         self._results: list[JobResult] = []
         self._finished: set[int] = set()
         self._pending: set[int] = set()
-        self._normal = _Queue("copy", self._execute, self._on_done, self.wait)
+        self._normal = _Queue("normal", self._execute, self._on_done, self.wait)
         self._expedited = _Queue("expedited", self._execute, self._on_done, self.wait)
-        # Jobs touching a slower tier (disk) get their own queue, so a disk read or write
-        # never holds up memory copies queued behind it.
         self._io = _Queue("io", self._execute, self._on_done, self.wait)
         self.primary = next(iter(self.stores), "")
         self.load_bandwidth: float | None = None
@@ -194,7 +195,10 @@ class TransferEngine:
         bpc = self.blocks_per_chunk
         store = self.stores[job.tier]
         if job.kind == "copy":
-            return "copy", [store.payload_segments(s) for s in job.slots]  # type: ignore[attr-defined]
+            segments = getattr(store, "payload_segments", None)
+            if segments is None:  # staged through a buffer (see _copy_staged)
+                return "staged", None
+            return "copy", [segments(s) for s in job.slots]
         supports_rows = getattr(store, "supports_rows", None)
         if supports_rows is not None and supports_rows(self.regions.rows):
             runs: list[tuple[int, Any]] = []
@@ -256,6 +260,8 @@ class TransferEngine:
         if how == "copy":
             dst = self.stores[job.dst_tier]
             return list(dst.write(job.dst_slots, job.keys, plan, job.parents or None))
+        if how == "staged":
+            return self._copy_staged(job)
         if how == "rows":
             for slab_row, blocks in plan:
                 if job.kind == "load":
@@ -266,6 +272,22 @@ class TransferEngine:
         if job.kind == "load":
             return list(store.read(job.slots, job.keys, plan))
         return list(store.write(job.slots, job.keys, plan, job.parents or None))
+
+    def _copy_staged(self, job: TransferJob) -> list[bool]:
+        """A copy between two stores neither of which exposes its slots as memory: read
+        into a scratch buffer, write the leading chunks that read back correctly (a chain
+        must not continue past a failed chunk)."""
+        src, dst = self.stores[job.tier], self.stores[job.dst_tier]
+        n = len(job.keys)
+        buf = torch.empty(n, src.slot_bytes, dtype=torch.uint8)
+        segs = [[(0, buf[i])] for i in range(n)]
+        read = src.read(job.slots, job.keys, segs)
+        m = read.index(False) if False in read else n
+        if m == 0:
+            return [False] * n
+        parents = job.parents[:m] if job.parents else None
+        wrote = dst.write(job.dst_slots[:m], job.keys[:m], segs[:m], parents)
+        return [*wrote, *([False] * (n - m))]
 
     # -- calibration -------------------------------------------------------------------------
 

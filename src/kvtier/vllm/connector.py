@@ -25,7 +25,6 @@ Step timeline on a worker:
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,16 +39,9 @@ from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
-from kvtier.manager import CacheManager, ScheduledRequest, TierView, resolve_chunk_tokens
+from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
-from kvtier.policies.eviction import make_eviction_policy
-from kvtier.sources import HitSource
-from kvtier.tiers.base import SlotStore
-from kvtier.tiers.cpu import CpuSlab
-from kvtier.tiers.disk.restore import restore_index
-from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
-from kvtier.tiers.index import SlotIndex
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.regions import KVRegions
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
@@ -114,11 +106,9 @@ class _Setup:
             )
         self.layout = kv_layout(kv_cache_config)
         self.block_tokens = vllm_config.cache_config.block_size
-        self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens, self.layout)
+        self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens)
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
         self.chunk_bytes = self.layout.chunk_bytes(self.chunk_tokens)
-        self.num_slots = self.config.cpu_bytes // self.chunk_bytes
-        self.disk_slots = self.config.disk_bytes // self.chunk_bytes
         par = vllm_config.parallel_config
         model = vllm_config.model_config
         self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
@@ -128,13 +118,21 @@ class _Setup:
             parallel=f"tp{par.tensor_parallel_size}pp{par.pipeline_parallel_size}",
             extra=self.config.namespace,
         )
-        self.tp_size = par.tensor_parallel_size
 
-    def disk_dir(self, rank: int) -> str | None:
-        """The disk tier directory of one tensor-parallel rank (each owns its shard)."""
-        if not self.config.disk_path:
-            return None
-        return os.path.join(self.config.disk_path, f"tp{self.tp_size}-rank{rank}")
+    def context(
+        self, rank: int = 0, row_bytes: tuple[int, ...] = (), chunk_bytes: int = 0
+    ) -> TierContext:
+        """What the tier registry needs: rank 0 on the scheduler, the worker's own rank
+        (and its engine's row and chunk sizes) on a worker."""
+        return TierContext(
+            self.config,
+            chunk_bytes or self.chunk_bytes,
+            self.namespace.for_rank(rank),
+            self.blocks_per_chunk,
+            row_bytes,
+            world=self.world_size,
+            sizing_bytes=self.chunk_bytes,
+        )
 
 
 class KVTierConnector(KVConnectorBase_V1):
@@ -155,29 +153,13 @@ class KVTierConnector(KVConnectorBase_V1):
         """Everything reported since start (the interval metrics go to vLLM's stats)."""
         if role == KVConnectorRole.SCHEDULER:
             s = self.setup
-            index = SlotIndex(s.num_slots, make_eviction_policy(s.config.eviction, s.num_slots))
-            tiers = [TierView("cpu", HitSource.HOST, index)]
-            disk_dir = s.disk_dir(0)
-            if disk_dir is not None:
-                disk = SlotIndex(
-                    s.disk_slots, make_eviction_policy(s.config.eviction, s.disk_slots)
-                )
-                # Chunks a previous engine wrote (same namespace) are found again.
-                records = DiskSlab.scan(disk_dir, s.namespace.digest(), s.chunk_bytes, s.disk_slots)
-                restored = restore_index(disk, records)
-                log.info(
-                    "kvtier: disk tier %s: %d slots, %d chunks restored",
-                    disk_dir,
-                    s.disk_slots,
-                    restored,
-                )
-                tiers.append(TierView("disk", HitSource.DISK, disk))
+            stack = build_stack(s.config, s.context())
             self.manager = CacheManager(
                 s.config,
                 s.layout,
                 s.namespace,
                 s.block_tokens,
-                tiers,
+                stack,
                 num_workers=s.world_size,
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
             )
@@ -187,8 +169,8 @@ class KVTierConnector(KVConnectorBase_V1):
                 log.info("kvtier: setting kv_load_failure_policy='recompute'")
                 kvt.kv_load_failure_policy = "recompute"
             log.info(
-                "kvtier: CPU tier %d slots x %d tokens (%d bytes), sync budget %s",
-                s.num_slots,
+                "kvtier: tiers %s, chunks of %d tokens (%d bytes), sync budget %s",
+                ", ".join(f"{t.name} ({len(t.index)} chunks held)" for t in stack.tiers),
                 s.chunk_tokens,
                 s.chunk_bytes,
                 s.config.sync_budget,
@@ -330,15 +312,11 @@ class KVTierConnector(KVConnectorBase_V1):
                 slot_bytes,
                 s.chunk_bytes,
             )
-        store: SlotStore = CpuSlab(s.num_slots, regions.row_bytes, s.blocks_per_chunk)
+        ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
+        stores = build_stores(s.config, ctx)
         if s.config.fault_injection:
-            store = FaultyStore(store, FaultPlan(**s.config.fault_injection))
-        stores: dict[str, SlotStore] = {"cpu": store}
-        disk_dir = s.disk_dir(_tp_rank())
-        if disk_dir is not None:
-            stores["disk"] = DiskSlab(
-                disk_dir, s.disk_slots, slot_bytes, s.namespace.digest(), s.config.disk_threads
-            )
+            first = next(iter(stores))
+            stores[first] = FaultyStore(stores[first], FaultPlan(**s.config.fault_injection))
         engine = TransferEngine(regions, stores, s.blocks_per_chunk)
         self.worker = WorkerSide(engine)
         log.info(
@@ -376,7 +354,7 @@ class KVTierConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.worker is None:
             return None, None
-        sending, recving = self.worker.transfer_results(finished_req_ids)
+        sending, recving = self.worker.transfer_results()
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:

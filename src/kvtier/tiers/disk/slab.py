@@ -60,7 +60,7 @@ import xxhash
 
 from kvtier.errors import TierUnavailable
 from kvtier.keys import KEY_BYTES, Key, Namespace
-from kvtier.policies.eviction import make_eviction_policy
+from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.disk.buffers import (

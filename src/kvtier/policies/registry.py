@@ -1,0 +1,43 @@
+"""Policies by name: the one place a new eviction or admission policy is registered.
+
+A policy is one module defining the class plus one ``register_eviction`` line below (or in
+the module itself); the config's accepted values, the tier registry, the simulator's policy
+names and the README's list all read :func:`eviction_names`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvtier.errors import ConfigError
+from kvtier.policies.eviction import ARCPolicy, EvictionPolicy, LRUPolicy
+
+EvictionFactory = Callable[[int], EvictionPolicy]
+"""Builds a policy for a tier of ``capacity`` chunks."""
+
+_EVICTION: dict[str, EvictionFactory] = {}
+
+
+def register_eviction(name: str, factory: EvictionFactory) -> None:
+    """Make ``name`` a valid ``eviction`` value (config, tiers, simulator)."""
+    if name in _EVICTION:
+        raise ValueError(f"eviction policy {name!r} is registered twice")
+    _EVICTION[name] = factory
+
+
+def eviction_names() -> tuple[str, ...]:
+    return tuple(_EVICTION)
+
+
+def make_eviction_policy(name: str, capacity: int) -> EvictionPolicy:
+    """Build a registered eviction policy by name."""
+    factory = _EVICTION.get(name)
+    if factory is None:
+        raise ConfigError(
+            f"eviction: unknown policy {name!r}; accepted values: {', '.join(_EVICTION)}"
+        )
+    return factory(capacity)
+
+
+register_eviction("lru", LRUPolicy)
+register_eviction("arc", ARCPolicy)

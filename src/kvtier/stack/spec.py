@@ -1,0 +1,227 @@
+"""Tier specs: one entry of the ``tiers`` list, and the edge rules toward the tier above.
+
+A spec is plain, typed data; what a kind does with it lives in the tier registry
+(:mod:`kvtier.stack.registry`). Every key is checked here, so a bad entry is refused with one
+line naming ``tiers[i].key`` before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvtier.errors import ConfigError
+from kvtier.units import parse_size
+
+if TYPE_CHECKING:
+    from kvtier.config import KVTierConfig
+
+ON_STORE = ("through", "skip")
+ON_EVICT = ("demote", "drop")
+ON_HIT = ("fill", "none")
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One tier of the stack, and (for every tier but the first) the rules of the edge that
+    joins it to the tier above."""
+
+    kind: str
+    """A registered tier kind: "cpu" (host memory slab), "disk" (slab files), "memory"
+    (a dict-backed test tier, private or shared)."""
+    name: str = ""
+    """Unique tier name (metrics, logs, jobs); default: the kind."""
+    capacity: int | None = None
+    """Bytes (per device); None: the kind's default (cpu: ``cpu_bytes``, disk:
+    ``disk_bytes``, memory: 64 MiB). A shared tier's store evicts on its own; its capacity
+    is the store's."""
+    eviction: str | None = None
+    """Eviction policy of this tier; None: the config's ``eviction``."""
+    path: str | None = None
+    """Directory (disk); each tensor-parallel rank gets its own subdirectory."""
+    url: str | None = None
+    """Where a shared tier lives: ``memory://NAME`` names an in-process shared space (tests),
+    so two engines in one process share it."""
+    threads: int = 4
+    """I/O threads (disk)."""
+    shared: bool = False
+    """A store other engines write and that evicts on its own (memory kind): no prefix
+    closure, lookups probe keys and stop at the first miss, no pins."""
+    lookup_delay_ms: float = 0.0
+    """Testing: a shared tier's lookups answer "not yet" until this long after they were
+    first asked (the connector then asks vLLM to retry the request later)."""
+    source: str | None = None
+    """Hit source label reported for this tier ("host", "p2p", "disk", ...); None: the
+    kind's."""
+    on_store: str = "through"
+    """Edge from the tier above: "through" copies every chunk the tier above stores into
+    this tier; "skip" does not."""
+    on_evict: str = "drop"
+    """Edge from the tier above: "demote" copies what the tier above evicts into this tier
+    (write-back); "drop" lets it go."""
+    on_hit: str = "fill"
+    """Edge from the tier above: "fill" stores a hit served from this tier (or deeper) into
+    the tier above too; "none" leaves it here, and the request's new chunks are stored
+    into the shallowest tier the fill rules reach."""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _opt_text(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    return _text(value, name)
+
+
+def _choice(choices: Sequence[str]) -> Any:
+    def parse(value: object, name: str) -> str:
+        if value not in choices:
+            raise ConfigError(f"{name}: got {value!r}; accepted values: {', '.join(choices)}")
+        return str(value)
+
+    return parse
+
+
+def _capacity(value: object, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{name}: expected a byte size such as '8GiB', got {value!r}")
+    return parse_size(value, name=name)
+
+
+def _threads(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    return value
+
+
+def _delay(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{name}: expected a number of milliseconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _kind(value: object, name: str) -> str:
+    from kvtier.stack.registry import tier_kinds
+
+    return str(_choice(tier_kinds())(value, name))
+
+
+def _eviction(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    from kvtier.policies.registry import eviction_names
+
+    return str(_choice(eviction_names())(value, name))
+
+
+def _source(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    from kvtier.sources import HitSource
+
+    return str(_choice([s.label for s in HitSource])(value, name))
+
+
+_FIELDS: dict[str, Any] = {
+    "kind": _kind,
+    "name": _text,
+    "capacity": _capacity,
+    "eviction": _eviction,
+    "path": _opt_text,
+    "url": _opt_text,
+    "threads": _threads,
+    "shared": _flag,
+    "lookup_delay_ms": _delay,
+    "source": _source,
+    "on_store": _choice(ON_STORE),
+    "on_evict": _choice(ON_EVICT),
+    "on_hit": _choice(ON_HIT),
+}
+_EDGE_KEYS = ("on_store", "on_evict", "on_hit")
+
+
+def parse_tier(data: object, name: str, first: bool) -> TierSpec:
+    """One ``tiers`` entry; ConfigError naming ``name.key`` on anything wrong."""
+    if isinstance(data, TierSpec):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{name}: expected a mapping with at least 'kind', got {data!r}")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"{name}: unknown key(s) {', '.join(map(repr, unknown))}; accepted keys: "
+            f"{', '.join(sorted(_FIELDS))}"
+        )
+    if "kind" not in data:
+        raise ConfigError(f"{name}: 'kind' is required")
+    if first:
+        edge = sorted(set(_EDGE_KEYS) & set(data))
+        if edge:
+            raise ConfigError(
+                f"{name}: {', '.join(edge)}: edge rules describe the edge from the tier "
+                "above; the first tier has none"
+            )
+    kwargs = {key: _FIELDS[key](value, f"{name}.{key}") for key, value in data.items()}
+    spec = TierSpec(**kwargs)
+    if spec.kind == "disk" and not spec.path:
+        raise ConfigError(f"{name}.path: a disk tier needs a directory")
+    if (spec.shared or spec.lookup_delay_ms) and spec.kind != "memory":
+        raise ConfigError(
+            f"{name}: shared / lookup_delay_ms apply to the memory kind only (got {spec.kind!r})"
+        )
+    if spec.lookup_delay_ms and not spec.shared:
+        raise ConfigError(f"{name}.lookup_delay_ms: only a shared tier's lookups can wait")
+    return spec
+
+
+def parse_tiers(value: Sequence[object], name: str = "tiers") -> tuple[TierSpec, ...]:
+    specs = tuple(parse_tier(v, f"{name}[{i}]", i == 0) for i, v in enumerate(value))
+    seen: set[str] = set()
+    for i, spec in enumerate(specs):
+        if spec.label in seen:
+            raise ConfigError(
+                f"{name}[{i}].name: {spec.label!r} is used twice; give each tier its own name"
+            )
+        seen.add(spec.label)
+    if specs and specs[0].shared:
+        raise ConfigError(f"{name}[0]: the first tier cannot be shared (it takes every store)")
+    return specs
+
+
+def flat_tier_specs(config: KVTierConfig) -> tuple[TierSpec, ...]:
+    """The stack the flat keys describe: cpu (``cpu_bytes``), then disk (``disk_path``)
+    with ``disk_write_policy`` as its edge rules."""
+    cpu = TierSpec("cpu", capacity=config.cpu_bytes)
+    if not config.disk_path:
+        return (cpu,)
+    back = config.disk_write_policy == "write-back"
+    disk = TierSpec(
+        "disk",
+        capacity=config.disk_bytes,
+        path=config.disk_path,
+        threads=config.disk_threads,
+        on_store="skip" if back else "through",
+        on_evict="demote" if back else "drop",
+    )
+    return (cpu, disk)
