@@ -98,8 +98,8 @@ class TierStack:
             if tier.shared:
                 continue
             held = tier.index.leading(keys, 0)
-            if held:
-                tier.index.touch(keys[: int(held)])
+            if not isinstance(held, Pending) and held:
+                tier.index.touch(keys[:held])
 
     def entry(self, deepest: int) -> int:
         """Where the engine stores a request whose hit reached tier ``deepest``: climb

@@ -41,6 +41,7 @@ from kvtier.keys import Namespace
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
+from kvtier.stack.registry import TierContext, build_stack, build_stores
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.regions import KVRegions

@@ -45,12 +45,14 @@ from kvtier.keys import KEY_BYTES, Key
 from kvtier.tiers.envelope import (
     FLAG_HAS_PARENT,
     FLAG_PARENT_UNKNOWN,
-    HEADER_BYTES,
     MAGIC,
     NO_KEY,
     SUMMED_BYTES,
     VERSION,
     pack_envelope,
+)
+from kvtier.tiers.envelope import (
+    HEADER_BYTES as HEADER_BYTES,
 )
 
 ALIGN = 4096
