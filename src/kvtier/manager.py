@@ -208,6 +208,13 @@ class CacheManager:
         self.metrics.inc("lookup_tokens", max(0, len(tokens) - num_computed))
         return hit
 
+    def lookup_keys(self, req_id: str, keys: Sequence[Key]) -> Hit | None:
+        """:meth:`lookup` for a request whose chunk keys are known already (the simulator,
+        whose traces carry block hashes, not tokens): one token per chunk."""
+        req = self._request(req_id)
+        req.chain.keys[:] = keys
+        return self.lookup(req_id, range(len(keys) * self.chunk_tokens), 0)
+
     def _overlaps_loading(self, keys: Sequence[Key], first: int, end: int) -> bool:
         """Whether chunks ``[first, end)`` of this chain are being loaded asynchronously for
         another request. Chained keys make one comparison per in-flight load enough: two

@@ -47,9 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.errors import ConfigError
-from kvtier.keys import Key
-from kvtier.policies import AdmissionPolicy, make_admission_policy, make_eviction_policy
+from kvtier.jobs import JobResult, StepPlan, WorkerReport
+from kvtier.keys import Key, Namespace
+from kvtier.layout import KVLayout
+from kvtier.manager import CacheManager, ScheduledRequest
+from kvtier.policies import eviction_names
 from kvtier.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     CapacityConfig,
@@ -57,7 +61,8 @@ from kvtier.sim.capacity import (
     tier_capacities,
 )
 from kvtier.sim.trace import TRACE_BLOCK_TOKENS, Trace, load_trace
-from kvtier.tiers.index import SlotIndex
+from kvtier.stack.registry import TierContext, build_stack
+from kvtier.stack.spec import TierSpec
 
 DEFAULT_POLICIES: tuple[str, ...] = (
     "lru",
@@ -76,7 +81,13 @@ Tick = Callable[[int], None]
 """Progress callback: called with a number of requests just replayed."""
 
 _TICK_EVERY = 256
-_POLICY_RE = re.compile(r"^(lru|arc)(?:-seen(\d+))?$")
+_SIM_LAYOUT = KVLayout.dense(1, 1, 1, "int8")
+"""Sizes do not matter to a replay: one-byte chunks, loads never within the step."""
+
+
+def _policy_re() -> re.Pattern[str]:
+    names = "|".join(re.escape(n) for n in eviction_names())
+    return re.compile(rf"^({names})(?:-seen(\d+))?$")
 
 
 # -- policies ------------------------------------------------------------------------------
@@ -99,7 +110,7 @@ def parse_policy(name: str) -> PolicySpec:
     text = name.strip().lower()
     if text in ("belady", "infinite"):
         return PolicySpec(text, text)
-    m = _POLICY_RE.match(text)
+    m = _policy_re().match(text)
     if m is None:
         raise ConfigError(
             f"policy: unknown policy {name!r}; accepted: lru, arc, lru-seenN, arc-seenN "
@@ -132,66 +143,83 @@ def replay_index(
     *,
     tick: Tick | None = None,
     check: bool = False,
+    tiers: Sequence[str] = DEFAULT_TIERS,
 ) -> ReplayCounts:
-    """Replay ``trace`` through kvtier's SlotIndex + eviction + admission policies.
+    """Replay ``trace`` through kvtier's own scheduler side: a CacheManager over a tier
+    stack built by the tier registry, as the connector builds it.
 
-    ``slots[t]`` is tier t's capacity in blocks. ``check`` runs the index's invariant check
-    after every request (slow; for tests).
+    ``slots[t]`` is tier t's capacity in blocks (tier 0 a CPU tier, the others disk tiers
+    fed write-through, named by ``tiers``). Every request runs the connector's call
+    sequence (lookup, plan_load, on_allocated, build_step with its stores, request_finished)
+    and every job the plans hold succeeds at once. ``check`` runs the indexes' invariant
+    checks after every request (slow; for tests).
     """
-    indexes = [SlotIndex(n, make_eviction_policy(eviction, n)) for n in slots]
-    admission = make_admission_policy(min_seen)
-    # The base policy admits everything and ignores observations: skip the calls.
-    filtering = type(admission) is not AdmissionPolicy
-    n_tiers = len(indexes)
+    manager = _replay_manager(slots, eviction, min_seen, tiers)
+    position = manager.stack.position
+    n_tiers = len(slots)
     hit_blocks = [0] * n_tiers
     hit_tokens = [0] * n_tiers
     block = trace.block_tokens
     for i, keys in enumerate(trace.keys):
-        if filtering:
-            admission.observe(keys)
+        req_id = f"r{i}"
         ntok = trace.tokens[i]
-        covered = 0
-        for t, index in enumerate(indexes):
-            n = index.prefix_len(keys)
-            if n > covered:
-                hit_blocks[t] += n - covered
-                hit_tokens[t] += min(n * block, ntok) - min(covered * block, ntok)
-                covered = n
-        # The manager refreshes the whole hit chain in every tier that holds part of it.
-        for index in indexes:
-            held = index.prefix_len(keys)
-            if held:
-                index.touch(keys[:held])
-        for index in indexes:
-            _store(index, keys, admission if filtering else None)
-            if check:
-                index.check()
+        hit = manager.lookup_keys(req_id, keys)
+        assert hit is not None  # no tier here answers "not yet"
+        for name, c0, c1 in hit.runs:
+            t = position[name]
+            hit_blocks[t] += c1 - c0
+            hit_tokens[t] += min(c1 * block, ntok) - min(c0 * block, ntok)
+        n = len(keys)
+        blocks = range(n)
+        # One token past the hit, so a full hit is not trimmed to leave one to compute.
+        accepted, is_async = manager.plan_load(req_id, hit, n + 1)
+        manager.on_allocated(req_id, blocks, accepted, sync=not is_async)
+        _settle(manager, manager.build_step([ScheduledRequest(req_id, blocks, n, blocks, n)]))
+        while manager.has_pending_jobs():
+            _settle(manager, manager.build_step([]))
+        manager.request_finished(req_id, blocks, n, blocks)
+        if check:
+            for tier in manager.tiers:
+                tier.index.check()  # type: ignore[attr-defined]
         if tick is not None and (i + 1) % _TICK_EVERY == 0:
             tick(_TICK_EVERY)
     if tick is not None:
         tick(len(trace.keys) % _TICK_EVERY)
-    return ReplayCounts(hit_blocks, hit_tokens, [index.evictions for index in indexes])
+    return ReplayCounts(hit_blocks, hit_tokens, [t.index.evictions for t in manager.tiers])
 
 
-def _store(index: SlotIndex, keys: list[Key], admission: AdmissionPolicy | None) -> int:
-    """Store the chunks of ``keys`` the tier lacks, as the manager's store planner does:
-    the admitted run after the present prefix, reserved in one call, then committed.
-    Returns the number of chunks stored."""
-    present = index.prefix_len(keys, any_state=True)
-    if present >= len(keys):
-        return 0
-    todo = keys[present:]
-    if admission is not None:
-        admitted = 0
-        while admitted < len(todo) and admission.admit(todo[admitted]):
-            admitted += 1
-        todo = todo[:admitted]
-        if not todo:
-            return 0
-    slots = index.reserve(todo, keys[present - 1] if present else None)
-    if slots:
-        index.commit(todo[: len(slots)], [True] * len(slots))
-    return len(slots)
+def _replay_manager(
+    slots: Sequence[int], eviction: str, min_seen: int, names: Sequence[str]
+) -> CacheManager:
+    """A CacheManager over index-only tiers of ``slots`` one-byte chunks of one token."""
+    if len(slots) > len(names):
+        raise ConfigError(f"capacities: {len(slots)} tiers given, only {len(names)} named")
+    specs = tuple(
+        TierSpec("cpu" if t == 0 else "disk", name=names[t], capacity=n, eviction=eviction)
+        for t, n in enumerate(slots)
+    )
+    config = KVTierConfig(
+        tiers=specs,
+        chunk_tokens=1,
+        admission_min_seen=min_seen,
+        sync_budget=SyncBudget("off"),
+        store_output_tokens=False,
+        eviction=eviction,
+    )
+    ns = Namespace("kvtier-sim", _SIM_LAYOUT.digest())
+    stack = build_stack(config, TierContext(config, 1, ns, restore=False))
+    return CacheManager(config, _SIM_LAYOUT, ns, 1, stack, defer_on_inflight_loads=False)
+
+
+def _settle(manager: CacheManager, plan: StepPlan) -> None:
+    """Every job of ``plan`` succeeds at once (the simulator has no data to move)."""
+    jobs = [*plan.loads, *plan.stores]
+    if jobs:
+        results = [
+            JobResult(j.job_id, j.req_id, j.kind, j.tier, j.sync, [True] * len(j.keys), 0, 0.0)
+            for j in jobs
+        ]
+        manager.on_report(WorkerReport(results))
 
 
 def next_uses(trace: Trace) -> list[list[int]]:
