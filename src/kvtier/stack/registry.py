@@ -78,6 +78,7 @@ _BUILTIN: dict[str, str] = {
     "cpu": "kvtier.tiers.cpu",
     "disk": "kvtier.tiers.disk.kind",
     "memory": "kvtier.tiers.memory",
+    "redis": "kvtier.tiers.remote.kind",
 }
 """Kind name -> module defining ``KIND`` (imported on first use)."""
 _KINDS: dict[str, TierKind] = {}

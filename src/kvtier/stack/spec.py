@@ -30,7 +30,8 @@ class TierSpec:
 
     kind: str
     """A registered tier kind: "cpu" (host memory slab), "disk" (slab files), "memory"
-    (a dict-backed test tier, private or shared)."""
+    (a dict-backed test tier, private or shared), "redis" (a shared tier on Redis /
+    Valkey, standalone or cluster)."""
     name: str = ""
     """Unique tier name (metrics, logs, jobs); default: the kind."""
     capacity: int | None = None
@@ -43,7 +44,9 @@ class TierSpec:
     """Directory (disk); each tensor-parallel rank gets its own subdirectory."""
     url: str | None = None
     """Where a shared tier lives: ``memory://NAME`` names an in-process shared space (tests),
-    so two engines in one process share it."""
+    so two engines in one process share it; ``redis://``, ``rediss://`` (TLS),
+    ``redis+cluster://host:port,...`` (or several seeds) a Redis / Valkey deployment
+    (:mod:`kvtier.tiers.remote.url`). Credentials in a URL are never logged."""
     threads: int = 4
     """I/O threads (disk)."""
     shared: bool = False
@@ -52,6 +55,19 @@ class TierSpec:
     lookup_delay_ms: float = 0.0
     """Testing: a shared tier's lookups answer "not yet" until this long after they were
     first asked (the connector then asks vLLM to retry the request later)."""
+    timeout_ms: float = 500.0
+    """Remote tiers: the bound on every network wait (connect, send, reply) of one batch;
+    a batch that exceeds it is a miss (loads) or a failed store."""
+    probe_wait_ms: float = 2.0
+    """Remote tiers: how long a lookup may wait for its probe before answering "not yet"
+    (the connector then asks vLLM to retry the request later; the scheduler never waits
+    longer than this)."""
+    password_env: str | None = None
+    """Remote tiers: environment variable holding the password when the URL has none
+    (default ``KVTIER_REDIS_PASSWORD``; the user, ``KVTIER_REDIS_USERNAME``)."""
+    ttl_s: int = 0
+    """Remote tiers: expire stored chunks after this many seconds (0: never; the server's
+    ``maxmemory`` + ``allkeys-lru`` evicts)."""
     source: str | None = None
     """Hit source label reported for this tier ("host", "p2p", "disk", ...); None: the
     kind's."""
@@ -121,6 +137,18 @@ def _delay(value: object, name: str) -> float:
     return float(value)
 
 
+def _ms(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{name}: expected a number of milliseconds > 0, got {value!r}")
+    return float(value)
+
+
+def _seconds(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name}: expected a whole number of seconds >= 0, got {value!r}")
+    return value
+
+
 def _kind(value: object, name: str) -> str:
     from kvtier.stack.registry import tier_kinds
 
@@ -153,6 +181,10 @@ _FIELDS: dict[str, Any] = {
     "threads": _threads,
     "shared": _flag,
     "lookup_delay_ms": _delay,
+    "timeout_ms": _ms,
+    "probe_wait_ms": _ms,
+    "password_env": _opt_text,
+    "ttl_s": _seconds,
     "source": _source,
     "on_store": _choice(ON_STORE),
     "on_evict": _choice(ON_EVICT),
@@ -186,6 +218,13 @@ def parse_tier(data: object, name: str, first: bool) -> TierSpec:
     spec = TierSpec(**kwargs)
     if spec.kind == "disk" and not spec.path:
         raise ConfigError(f"{name}.path: a disk tier needs a directory")
+    if spec.kind == "redis":
+        return _remote(spec, name)
+    remote_only = sorted(k for k in _REMOTE_KEYS if k in data)
+    if remote_only:
+        raise ConfigError(
+            f"{name}: {', '.join(remote_only)} apply to the redis kind only (got {spec.kind!r})"
+        )
     if (spec.shared or spec.lookup_delay_ms) and spec.kind != "memory":
         raise ConfigError(
             f"{name}: shared / lookup_delay_ms apply to the memory kind only (got {spec.kind!r})"
@@ -193,6 +232,24 @@ def parse_tier(data: object, name: str, first: bool) -> TierSpec:
     if spec.lookup_delay_ms and not spec.shared:
         raise ConfigError(f"{name}.lookup_delay_ms: only a shared tier's lookups can wait")
     return spec
+
+
+_REMOTE_KEYS = ("timeout_ms", "probe_wait_ms", "password_env", "ttl_s")
+
+
+def _remote(spec: TierSpec, name: str) -> TierSpec:
+    """A redis tier: a URL that parses, always shared."""
+    if not spec.url:
+        raise ConfigError(f"{name}.url: a redis tier needs a url such as 'redis://host:6379'")
+    from kvtier.tiers.remote.url import parse_remote_url
+
+    try:
+        parse_remote_url(spec.url, environ={})
+    except ConfigError as e:  # its message starts "url: ..." and masks credentials
+        raise ConfigError(f"{name}.{e}") from None
+    if spec.lookup_delay_ms:
+        raise ConfigError(f"{name}.lookup_delay_ms: a redis tier waits for real (probe_wait_ms)")
+    return dataclasses.replace(spec, shared=True)
 
 
 def parse_tiers(value: Sequence[object], name: str = "tiers") -> tuple[TierSpec, ...]:

@@ -4,8 +4,11 @@
   in submission order.
 - The *expedited* queue runs sync loads (hits loaded within the step). It has its own
   thread (and CUDA stream), so a sync load never waits behind queued async work.
-- The *io* queue runs jobs touching any other store (disk, shared) and every copy between
-  tiers, so slow I/O never holds up memory copies queued behind it.
+- The *io* queue runs jobs touching any other store (disk, in-process shared) and every copy
+  between tiers, so slow I/O never holds up memory copies queued behind it.
+- The *net* queue (only when a store says ``network = True``: remote tiers) runs every job
+  touching a network store, copies into it included, so a slow or dead server never holds
+  up disk I/O, nor disk I/O the network.
 
 On CUDA each queue issues its copies on its own stream after waiting for the work the
 engine had queued on the compute stream when the job was submitted (zeroed blocks, this
@@ -122,6 +125,9 @@ class TransferEngine:
         self._normal = _Queue("normal", self._execute, self._on_done, self.wait)
         self._expedited = _Queue("expedited", self._execute, self._on_done, self.wait)
         self._io = _Queue("io", self._execute, self._on_done, self.wait)
+        self._net: _Queue | None = None
+        if any(getattr(s, "network", False) for s in self.stores.values()):
+            self._net = _Queue("net", self._execute, self._on_done, self.wait)
         self.primary = next(iter(self.stores), "")
         self.load_bandwidth: float | None = None
 
@@ -145,6 +151,10 @@ class TransferEngine:
     def _queue_of(self, job: TransferJob) -> _Queue:
         if job.sync:
             return self._expedited
+        if self._net is not None and any(
+            getattr(self.stores.get(t), "network", False) for t in (job.tier, job.dst_tier)
+        ):
+            return self._net
         if job.kind == "copy" or job.tier != self.primary:
             return self._io
         return self._normal
@@ -184,6 +194,8 @@ class TransferEngine:
         self._expedited.close()
         self._normal.close()
         self._io.close()
+        if self._net is not None:
+            self._net.close()
         for store in self.stores.values():
             store.close()
 

@@ -1,0 +1,38 @@
+"""Key names of chunks in a remote store.
+
+``kvt1:<namespace>:{<chunk key>}:<rank>`` in ASCII: the namespace is the 32-hex-digit chain
+digest (model, KV geometry, parallel layout, deployment namespace), the chunk key its 32 hex
+digits, the rank the tensor-parallel shard. The hash tag is the chunk key alone: in a Redis
+Cluster every rank of one chunk lands on the same node (a probe asks one node per chunk),
+while consecutive chunks of a chain spread over every node (balance). Hex keeps the names
+printable (``redis-cli --scan --pattern 'kvt1:<namespace>:*'`` lists one deployment's
+chunks) and keeps ``{``/``}`` bytes of binary keys from moving the tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvtier.keys import Key, Namespace
+
+PREFIX = b"kvt1:"
+
+
+class KeySpace:
+    """Names of one namespace's chunks (all ranks)."""
+
+    def __init__(self, namespace: Namespace) -> None:
+        self.prefix = PREFIX + namespace.chain_digest().hex().encode() + b":{"
+
+    def name(self, key: Key, rank: int) -> bytes:
+        return self.prefix + key.hex().encode() + b"}:" + str(rank).encode()
+
+    def names(self, keys: Sequence[Key], rank: int) -> list[bytes]:
+        p, r = self.prefix, b"}:" + str(rank).encode()
+        return [p + k.hex().encode() + r for k in keys]
+
+    def all_ranks(self, keys: Sequence[Key], world: int) -> list[bytes]:
+        """Every rank's name of every chunk, chunk after chunk (rank-major within a chunk)."""
+        p = self.prefix
+        suffixes = [b"}:" + str(r).encode() for r in range(world)]
+        return [p + k.hex().encode() + s for k in keys for s in suffixes]

@@ -1,0 +1,48 @@
+"""The ``redis`` tier kind: a shared tier on Redis / Valkey (standalone or Redis Cluster).
+
+Always shared and last in the stack: the scheduler side gets a :class:`RemoteIndex`
+(probes), each worker a :class:`RemoteStore` with its own connections. Hit source ``p2p``
+(vLLM's label for KV from other engines) unless the spec names another.
+"""
+
+from __future__ import annotations
+
+from kvtier.sources import HitSource
+from kvtier.stack.registry import TierContext, TierKind
+from kvtier.stack.spec import TierSpec
+from kvtier.tiers.base import SlotStore, TierIndex
+from kvtier.tiers.remote.client import RemoteClient
+from kvtier.tiers.remote.index import RemoteIndex
+from kvtier.tiers.remote.keyspace import KeySpace
+from kvtier.tiers.remote.store import RemoteStore
+from kvtier.tiers.remote.url import PASSWORD_ENV, parse_remote_url
+
+DEFAULT_CAPACITY = 1 << 30
+"""Nominal only: the server's ``maxmemory`` bounds what it holds, not kvtier."""
+
+
+def client_for(spec: TierSpec) -> RemoteClient:
+    assert spec.url
+    target = parse_remote_url(spec.url, password_env=spec.password_env or PASSWORD_ENV)
+    return RemoteClient(target, timeout_s=spec.timeout_ms / 1e3)
+
+
+def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
+    return RemoteIndex(
+        client_for(spec), KeySpace(ctx.namespace), ctx.world, spec.probe_wait_ms / 1e3
+    )
+
+
+def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
+    return RemoteStore(
+        client_for(spec),
+        KeySpace(ctx.namespace),
+        ctx.chunk_bytes,
+        ctx.namespace.digest(),
+        ctx.namespace.rank,
+        num_slots=ctx.capacity_chunks(spec, DEFAULT_CAPACITY),
+        ttl_s=spec.ttl_s,
+    )
+
+
+KIND = TierKind("redis", HitSource.P2P, False, _index, _store, lambda c: DEFAULT_CAPACITY)

@@ -1,0 +1,147 @@
+"""A worker's data plane on a remote store: one value per chunk and rank, envelope + payload.
+
+Writes seal every chunk (:mod:`kvtier.tiers.envelope`: key, parent, namespace, length,
+payload checksum) into a single value, so no metadata can be evicted apart from its data,
+and skip keys already present (another engine stored them): one pipelined EXISTS, then one
+pipelined SET of the rest. Reads are one pipelined GET; a value that is missing, truncated,
+stored under another key or namespace, or fails its checksum fails that chunk, and so does
+a timeout or a dead server (the engine recomputes). Values are opaque bytes: nothing read is
+unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from kvtier.keys import Key
+from kvtier.tiers.base import Segments, SlotStore
+from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, payload_checksum, unseal
+from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
+from kvtier.tiers.remote.keyspace import KeySpace
+
+log = logging.getLogger("kvtier")
+
+
+class RemoteStore(SlotStore):
+    """One rank's key-addressed store on a :class:`RemoteClient` (slot numbers are ignored).
+
+    ``namespace``: this rank's ``Namespace.digest()``, sealed into and checked on every
+    value. ``batch_bytes`` caps one pipelined round trip (a job's chunks go in several).
+    Failure granularity: per chunk. Thread-safe. ``network = True`` puts its jobs on the
+    transfer engine's network queue, apart from disk I/O.
+    """
+
+    addressing = "key"
+    network = True
+
+    def __init__(
+        self,
+        client: RemoteClient,
+        keyspace: KeySpace,
+        slot_bytes: int,
+        namespace: bytes,
+        rank: int = 0,
+        *,
+        num_slots: int = 0,
+        ttl_s: int = 0,
+        batch_bytes: int = 32 << 20,
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.slot_bytes = slot_bytes
+        self.num_slots = num_slots
+        self.namespace = namespace
+        self.rank = rank
+        self.ttl_s = ttl_s
+        self.batch = max(1, batch_bytes // max(1, slot_bytes + HEADER_BYTES))
+        self.bad_reads = 0
+        """Chunks read missing, truncated, foreign or corrupt (or lost to a timeout)."""
+        self.skipped_writes = 0
+        """Chunks not written because the store already had them."""
+        self.failed_writes = 0
+
+    def _seal(self, key: Key, parent: Key | None, chunk: Segments) -> bytearray:
+        """Envelope + payload in one buffer, the payload gathered in place (one copy)."""
+        value = bytearray(HEADER_BYTES + self.slot_bytes)
+        body = np.frombuffer(value, dtype=np.uint8)[HEADER_BYTES:]
+        for off, seg in chunk:
+            src = seg.reshape(-1)
+            body[off : off + src.numel()] = (src if src.device.type == "cpu" else src.cpu()).numpy()
+        payload = memoryview(value)[HEADER_BYTES:]
+        csum = payload_checksum(payload, key, self.namespace)
+        value[:HEADER_BYTES] = pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, csum)
+        return value
+
+    def write(
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None = None,
+    ) -> list[bool]:
+        ok: list[bool] = []
+        for lo in range(0, len(keys), self.batch):
+            hi = min(len(keys), lo + self.batch)
+            ok += self._write_batch(keys[lo:hi], src[lo:hi], parents[lo:hi] if parents else None)
+        return ok
+
+    def _write_batch(
+        self, keys: Sequence[Key], src: Sequence[Segments], parents: Sequence[Key | None] | None
+    ) -> list[bool]:
+        names = self.keyspace.names(keys, self.rank)
+        try:
+            present = self.client.exists_many(names)
+            todo = [i for i, p in enumerate(present) if not p]
+            self.skipped_writes += len(keys) - len(todo)
+            items = [
+                (names[i], self._seal(keys[i], parents[i] if parents else None, src[i]))
+                for i in todo
+            ]
+            wrote = self.client.set_many(items, self.ttl_s) if items else []
+        except RemoteUnavailable:
+            self.failed_writes += len(keys)
+            return [False] * len(keys)
+        ok = list(present)
+        for i, w in zip(todo, wrote, strict=True):
+            ok[i] = w
+        self.failed_writes += ok.count(False)
+        return ok
+
+    def read(
+        self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
+    ) -> list[bool]:
+        ok: list[bool] = []
+        for lo in range(0, len(keys), self.batch):
+            hi = min(len(keys), lo + self.batch)
+            ok += self._read_batch(keys[lo:hi], dst[lo:hi])
+        return ok
+
+    def _read_batch(self, keys: Sequence[Key], dst: Sequence[Segments]) -> list[bool]:
+        try:
+            values = self.client.get_many(self.keyspace.names(keys, self.rank))
+        except RemoteUnavailable:
+            self.bad_reads += len(keys)
+            return [False] * len(keys)
+        ok = []
+        for key, value, chunk in zip(keys, values, dst, strict=True):
+            payload = unseal(value, key, self.namespace, self.slot_bytes)
+            if payload is None:
+                self.bad_reads += 1
+                ok.append(False)
+                continue
+            data = np.frombuffer(payload, dtype=np.uint8)
+            for off, seg in chunk:
+                part = data[off : off + seg.numel()]
+                if seg.device.type == "cpu":
+                    seg.numpy()[...] = part.reshape(seg.shape)
+                else:
+                    seg.copy_(torch.from_numpy(part.copy()).view(seg.shape))
+            ok.append(True)
+        return ok
+
+    def close(self) -> None:
+        self.client.close()
