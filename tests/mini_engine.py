@@ -102,7 +102,8 @@ class MiniEngine:
         self.store = self.stores[first]
         self.disk = next((st for st in self.stores.values() if hasattr(st, "corrupt_reads")), None)
         engine = TransferEngine(regions, self.stores, bpc)
-        self.worker = WorkerSide(engine)
+        # Only the auto budget uses the measured bandwidth (tiny rows make measuring slow).
+        self.worker = WorkerSide(engine, calibrate=config.sync_budget.mode == "auto")
         self.reqs: dict[str, Req] = {}
         self.waiting: list[Req] = []
         self.running: list[Req] = []

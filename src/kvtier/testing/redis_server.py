@@ -191,8 +191,15 @@ class RedisCluster:
                 self.nodes.append(RedisServer(cluster=True, maxmemory=maxmemory))
             hosts = [f"127.0.0.1:{n.port}" for n in self.nodes]
             subprocess.run(
-                ["redis-cli", "--cluster", "create", *hosts, "--cluster-replicas", "0"]
-                + ["--cluster-yes"],
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *hosts,
+                    "--cluster-replicas",
+                    "0",
+                    "--cluster-yes",
+                ],
                 check=True,
                 capture_output=True,
                 timeout=60,

@@ -12,6 +12,7 @@ opaque bytes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -77,7 +78,7 @@ class RemoteClient:
             kw["ssl"] = True
         self.client: Any
         if target.cluster:
-            nodes = [redis.cluster.ClusterNode(h, p) for h, p in target.hosts]
+            nodes = [redis.cluster.ClusterNode(h, p) for h, p in target.hosts]  # type: ignore[no-untyped-call]
             self.client = self._guard(
                 lambda: redis.RedisCluster(startup_nodes=nodes, reinitialize_steps=1, **kw)
             )
@@ -213,7 +214,5 @@ class RemoteClient:
         return dict(self._guard(lambda: self.client.info("memory")))
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already gone: nothing to release
             self.client.close()
-        except Exception:  # already gone: nothing to release
-            pass

@@ -1,0 +1,82 @@
+"""pytest fixtures and harnesses for tests on real redis-server processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from kvtier.keys import Key
+from kvtier.testing.redis_server import RedisCluster, RedisServer, redis_available
+from kvtier.testing.shared_conformance import CHUNK_BYTES, NAMESPACE, SharedHarness
+from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
+
+if not redis_available():  # scripts/setup.sh installs it; without it these tests cannot run
+    raise RuntimeError("redis-server is not installed: run scripts/setup.sh")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    with RedisCluster(3) as c:
+        yield c
+
+
+def raw_client(url: str) -> redis.Redis | redis.RedisCluster:
+    t = parse_remote_url(url)
+    host, port = t.hosts[0]
+    if t.cluster:
+        return redis.RedisCluster(host=host, port=port)
+    return redis.Redis(host=host, port=port)
+
+
+def flush(url: str) -> None:
+    c = raw_client(url)
+    if isinstance(c, redis.RedisCluster):
+        c.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        c.flushall()
+    c.close()
+
+
+def harness(url: str, world: int, timeout_ms: float = 500) -> SharedHarness:
+    """A remote tier (index + one store per rank) on ``url``, emptied first."""
+    flush(url)
+    target = parse_remote_url(url)
+    space = KeySpace(NAMESPACE)
+    raw = raw_client(url)
+
+    def client() -> RemoteClient:
+        return RemoteClient(target, timeout_s=timeout_ms / 1e3)
+
+    def make_store(rank: int, digest: bytes) -> RemoteStore:
+        return RemoteStore(client(), space, CHUNK_BYTES, digest, rank)
+
+    index = RemoteIndex(client(), space, world, wait_s=0.002)
+    stores = [make_store(r, NAMESPACE.for_rank(r).digest()) for r in range(world)]
+
+    def get(key: Key, rank: int) -> bytes | None:
+        v = raw.get(space.name(key, rank))
+        return v if isinstance(v, bytes) else None
+
+    def close() -> None:
+        index.close()
+        for s in stores:
+            s.close()
+        raw.close()
+
+    return SharedHarness(
+        index,
+        list(stores),
+        get,
+        lambda k, r, v: raw.set(space.name(k, r), v),
+        lambda k, r: raw.delete(space.name(k, r)),
+        make_store,
+        close,
+    )

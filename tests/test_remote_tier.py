@@ -1,0 +1,239 @@
+"""The remote tier on real redis-server processes (standalone and a 3-master cluster), and
+the in-process shared tier through the same conformance suite."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+
+from kvtier.config import KVTierConfig
+from kvtier.errors import ConfigError
+from kvtier.keys import rank_key
+from kvtier.testing.redis_server import RedisCluster, RedisServer
+from kvtier.testing.shared_conformance import (
+    CHUNK_BYTES,
+    NAMESPACE,
+    SharedHarness,
+    SharedTierConformance,
+    chain,
+    payload,
+    probe,
+    segs,
+)
+from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
+from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
+from redis_fixtures import cluster, harness, server  # noqa: F401  (fixtures)
+
+# -- the conformance suite on every shared tier ----------------------------------------------
+
+
+class TestSharedMemoryTier(SharedTierConformance):
+    def make(self, world: int) -> SharedHarness:
+        space = SharedSpace(1 << 20)
+
+        def store(rank: int, digest: bytes) -> SharedStore:
+            return SharedStore(space, CHUNK_BYTES, digest, rank)
+
+        stores = [store(r, NAMESPACE.for_rank(r).digest()) for r in range(world)]
+        return SharedHarness(
+            ProbeIndex(space, world),
+            list(stores),
+            lambda k, r: space.get_many([rank_key(k, r)])[0],
+            lambda k, r, v: space.overwrite(rank_key(k, r), v),
+            lambda k, r: space._data.pop(rank_key(k, r), None),
+            store,
+            lambda: None,
+        )
+
+
+class TestRedisStandalone(SharedTierConformance):
+    @pytest.fixture(autouse=True)
+    def _server(self, server: RedisServer) -> None:  # noqa: F811
+        self.url = server.url
+
+    def make(self, world: int) -> SharedHarness:
+        return harness(self.url, world)
+
+
+class TestRedisCluster(SharedTierConformance):
+    @pytest.fixture(autouse=True)
+    def _cluster(self, cluster: RedisCluster) -> None:  # noqa: F811
+        self.url = cluster.url
+
+    def make(self, world: int) -> SharedHarness:
+        return harness(self.url, world)
+
+
+# -- URLs and config ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "hosts", "tls", "is_cluster", "db"),
+    [
+        ("redis://cache:6380/2", (("cache", 6380),), False, False, 2),
+        ("redis://cache", (("cache", 6379),), False, False, 0),
+        ("rediss://u:pw@cache:6390", (("cache", 6390),), True, False, 0),
+        ("redis+cluster://a:7000,b:7001", (("a", 7000), ("b", 7001)), False, True, 0),
+        ("rediss+cluster://a:7000", (("a", 7000),), True, True, 0),
+        ("redis://a:7000,redis://b:7001", (("a", 7000), ("b", 7001)), False, True, 0),
+        ("redis://[::1]:7000", (("::1", 7000),), False, False, 0),
+    ],
+)
+def test_urls(url, hosts, tls, is_cluster, db):
+    t = parse_remote_url(url, environ={})
+    assert (t.hosts, t.tls, t.cluster, t.db) == (hosts, tls, is_cluster, db)
+
+
+def test_credentials_from_url_or_environment_are_masked():
+    t = parse_remote_url("redis://alice:s3cr%40t@h:1", environ={"KVTIER_REDIS_PASSWORD": "x"})
+    assert (t.username, t.password) == ("alice", "s3cr@t")
+    assert "s3cr" not in t.display and "s3cr" not in repr(t) and ":***@" in t.display
+    t = parse_remote_url("redis://h:1", environ={"KVTIER_REDIS_PASSWORD": "envpw"})
+    assert t.password == "envpw" and "envpw" not in repr(t)
+    t = parse_remote_url("redis://h:1", password_env="MY_PW", environ={"MY_PW": "other"})
+    assert t.password == "other"
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("http://h:1", "not a remote-store URL"),
+        ("redis://h:99999", "bad port"),
+        ("redis://:pw@", "no host"),
+        ("redis+cluster://a:1/3", "bad database"),
+        ("redis://h:1?ssl=1", "query parameters"),
+    ],
+)
+def test_bad_urls_are_refused_in_one_line_naming_the_tier(url, fragment):
+    with pytest.raises(ConfigError) as e:
+        KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": url}]})
+    msg = str(e.value)
+    assert msg.startswith("tiers[1].url:") and fragment in msg and "\n" not in msg
+    assert "pw" not in msg
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ({"kind": "redis"}, "tiers[1].url: a redis tier needs a url"),
+        ({"kind": "memory", "timeout_ms": 5}, "apply to the redis kind only"),
+        ({"kind": "redis", "url": "redis://h", "timeout_ms": 0}, "tiers[1].timeout_ms"),
+        ({"kind": "redis", "url": "redis://h", "ttl_s": -1}, "tiers[1].ttl_s"),
+    ],
+)
+def test_bad_remote_tier_entries(entry, fragment):
+    with pytest.raises(ConfigError) as e:
+        KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, entry]})
+    assert fragment in str(e.value)
+
+
+def test_a_redis_tier_is_shared_and_reports_p2p(server):  # noqa: F811
+    from kvtier.keys import Namespace
+    from kvtier.sources import HitSource
+    from kvtier.stack.registry import TierContext, build_stack
+
+    cfg = KVTierConfig.from_dict(
+        {"tiers": [{"kind": "cpu", "capacity": "1MiB"}, {"kind": "redis", "url": server.url}]}
+    )
+    assert cfg.tiers[1].shared
+    stack = build_stack(cfg, TierContext(cfg, 4096, Namespace("m", "l")))
+    assert stack[1].shared and stack[1].source is HitSource.P2P
+    stack[1].index.close()  # type: ignore[attr-defined]
+
+
+def test_password_never_appears_in_logs_or_errors(caplog):
+    secret = "hunter2-very-secret"
+    with RedisServer(password=secret) as s:
+        wrong = parse_remote_url(f"redis://:{secret}-wrong@127.0.0.1:{s.port}")
+        right = parse_remote_url(f"redis://default:{secret}@127.0.0.1:{s.port}")
+        space = KeySpace(NAMESPACE)
+        caplog.set_level(logging.DEBUG)
+        bad = RemoteStore(RemoteClient(wrong), space, CHUNK_BYTES, b"n" * 16)
+        keys = chain(2)
+        assert bad.write([-1, -1], keys, segs(payload(2, 1))) == [False, False]
+        good = RemoteStore(RemoteClient(right), space, CHUNK_BYTES, b"n" * 16)
+        assert good.write([-1, -1], keys, segs(payload(2, 1))) == [True, True]
+        s.kill()
+        assert good.read([-1, -1], keys, segs(payload(2, 0))) == [False, False]
+        text = caplog.text + "".join(str(r.args) for r in caplog.records)
+        assert "remote tier" in caplog.text and secret not in text
+        with pytest.raises(ConfigError) as e:
+            KVTierConfig.from_dict(
+                {"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": f"http://:{secret}@h"}]}
+            )
+        assert secret not in str(e.value)
+
+
+# -- faults at the store level -------------------------------------------------------------
+
+
+def test_a_dead_server_is_a_fast_miss_and_a_restarted_one_is_used_again():
+    with RedisServer() as s:
+        h = harness(s.url, 1, timeout_ms=200)
+        try:
+            keys = chain(4, salt=7)
+            data = payload(4, 11)
+            assert h.stores[0].write([-1] * 4, keys, segs(data)) == [True] * 4
+            s.kill()
+            t0 = time.monotonic()
+            out = torch.zeros(4, CHUNK_BYTES, dtype=torch.uint8)
+            assert h.stores[0].read([-1] * 4, keys, segs(out)) == [False] * 4
+            assert probe(h.index, keys) == 0
+            assert h.stores[0].write([-1] * 4, keys, segs(data)) == [False] * 4
+            assert time.monotonic() - t0 < 2.0
+            s.start()  # empty: no persistence
+            time.sleep(1.1)  # the breaker closes
+            assert probe(h.index, keys) == 0
+            assert h.stores[0].write([-1] * 4, keys, segs(data)) == [True] * 4
+            assert probe(h.index, keys) == 4
+        finally:
+            h.close()
+
+
+def test_a_slow_server_times_out_into_misses(server):  # noqa: F811
+    import threading
+
+    h = harness(server.url, 1, timeout_ms=150)
+    try:
+        keys = chain(3, salt=8)
+        assert h.stores[0].write([-1] * 3, keys, segs(payload(3, 1))) == [True] * 3
+        sleeper = threading.Thread(
+            target=lambda: RemoteClient(
+                parse_remote_url(server.url), timeout_s=5
+            ).client.execute_command("DEBUG", "SLEEP", "1")
+        )
+        sleeper.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        out = torch.zeros(3, CHUNK_BYTES, dtype=torch.uint8)
+        assert h.stores[0].read([-1] * 3, keys, segs(out)) == [False] * 3
+        assert time.monotonic() - t0 < 0.6
+        sleeper.join()
+        time.sleep(1.1)
+        assert h.stores[0].read([-1] * 3, keys, segs(out)) == [True] * 3
+    finally:
+        h.close()
+
+
+def test_probe_answers_pending_instead_of_blocking(server):  # noqa: F811
+    h = harness(server.url, 1)
+    try:
+        keys = chain(4, salt=9)
+        h.stores[0].write([-1] * 4, keys, segs(payload(4, 2)))
+        index = RemoteIndex(RemoteClient(parse_remote_url(server.url)), KeySpace(NAMESPACE), 1, 0.0)
+        server.pause()
+        try:
+            t0 = time.monotonic()
+            from kvtier.tiers.base import PENDING
+
+            assert index.leading(keys, 0) is PENDING
+            assert time.monotonic() - t0 < 0.05
+        finally:
+            server.resume()
+        assert probe(index, keys) == 4
+        index.close()
+    finally:
+        h.close()
