@@ -16,10 +16,17 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import xxhash
 
 from kvtier.keys import Key
 from kvtier.tiers.base import Segments, SlotStore
-from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, payload_checksum, unseal
+from kvtier.tiers.envelope import (
+    HEADER_BYTES,
+    pack_envelope,
+    payload_checksum,
+    payload_seed,
+    unseal,
+)
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
 
@@ -64,17 +71,33 @@ class RemoteStore(SlotStore):
         """Chunks not written because the store already had them."""
         self.failed_writes = 0
 
-    def _seal(self, key: Key, parent: Key | None, chunk: Segments) -> bytearray:
-        """Envelope + payload in one buffer, the payload gathered in place (one copy)."""
-        value = bytearray(HEADER_BYTES + self.slot_bytes)
-        body = np.frombuffer(value, dtype=np.uint8)[HEADER_BYTES:]
+    def _seal(self, key: Key, parent: Key | None, chunk: Segments) -> bytes:
+        """Envelope + payload as one bytes value, built with one copy of the payload (the
+        segments are joined straight from engine or slab memory; the checksum streams
+        over them)."""
+        parts = sorted(((off, seg.reshape(-1)) for off, seg in chunk), key=lambda p: p[0])
+        pos, views = 0, []
+        for off, seg in parts:
+            if off != pos or seg.device.type != "cpu":
+                return self._seal_gathered(key, parent, chunk)
+            views.append(memoryview(seg.numpy()))
+            pos += seg.numel()
+        if pos != self.slot_bytes:
+            return self._seal_gathered(key, parent, chunk)
+        h = xxhash.xxh3_64(seed=payload_seed(key, self.namespace))
+        for v in views:
+            h.update(v)
+        head = pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, h.intdigest())
+        return b"".join([head, *views])
+
+    def _seal_gathered(self, key: Key, parent: Key | None, chunk: Segments) -> bytes:
+        """The general case (segments out of order, partial, or on a device)."""
+        buf = torch.zeros(self.slot_bytes, dtype=torch.uint8)
         for off, seg in chunk:
-            src = seg.reshape(-1)
-            body[off : off + src.numel()] = (src if src.device.type == "cpu" else src.cpu()).numpy()
-        payload = memoryview(value)[HEADER_BYTES:]
+            buf[off : off + seg.numel()].copy_(seg.reshape(-1))
+        payload = buf.numpy().tobytes()
         csum = payload_checksum(payload, key, self.namespace)
-        value[:HEADER_BYTES] = pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, csum)
-        return value
+        return pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, csum) + payload
 
     def write(
         self,

@@ -1,0 +1,232 @@
+"""kvtier's remote tier (Redis) against the same client doing plain pipelined GET/SET.
+
+What it measures, on a redis-server this script starts on loopback (``--cluster``: a
+3-master Redis Cluster), persistence off:
+
+- Bandwidth, per chunk size S in 256 KiB, 1 MiB, 4 MiB: ``--batch-bytes`` (default 128 MiB)
+  as ``n = batch // S`` chunks of distinct random bytes in a host tensor, each chunk given
+  as two segments (as engine KV regions give it). ``kvtier store``: ``RemoteStore.write``
+  of the whole batch on an emptied server (the envelope sealed, the payload checksummed,
+  one pipelined EXISTS to skip present keys, then pipelined SETs); ``kvtier load``:
+  ``RemoteStore.read`` into a destination tensor (GET, envelope and checksum checked,
+  scattered into the segments). Baselines, same bytes, same client object and connections,
+  same batch split, same run: pipelined SET of ready-made payload bytes and pipelined GET of
+  them (``raw``). GB/s counts payload bytes (1e9 bytes/s); rounds interleave kvtier and raw;
+  best and worst of ``--repeats`` rounds. Ratio = kvtier / raw.
+- Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
+  here) whose chunks are all present: ``RemoteIndex.leading`` from the scheduler's side,
+  asked again until it answers (the probe thread, one Lua round trip per node holding
+  keys); median and worst of ``--probes``.
+- With ``--vllm`` (holds a real engine; minutes): TTFT of a 4k-token prompt on a fresh
+  engine B whose remote tier holds what engine A stored (A and B are separate processes),
+  against B recomputing it with no connector; and B's remote-hit tokens over the shared
+  prefix tokens of a set of conversations A served (``second_engine_hit_fraction``).
+
+Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from common import fmt_bytes, format_table, machine_info, write_json
+from kvtier.keys import Namespace, chunk_keys
+from kvtier.tiers.base import Pending
+from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore
+from kvtier.tiers.remote.url import parse_remote_url
+
+NS = Namespace("bench", "layout")
+
+
+def _segments(data: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
+    h = data.shape[1] // 2
+    return [[(0, row[:h]), (h, row[h:])] for row in data]
+
+
+def _flush(client: RemoteClient) -> None:
+    c = client.client
+    if client.target.cluster:
+        c.flushall(target_nodes=c.PRIMARIES)
+    else:
+        c.flushall()
+
+
+def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, Any]:
+    n = max(4, batch_bytes // size)
+    client = RemoteClient(parse_remote_url(url), timeout_s=30)
+    space = KeySpace(NS)
+    store = RemoteStore(client, space, size, NS.digest())
+    src = torch.randint(0, 256, (n, size), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    keys = chunk_keys(list(range(n * 4)), 4, b"bench")
+    raw_names = [b"raw:" + k.hex().encode() for k in keys]
+    raw_values = [src[i].numpy().tobytes() for i in range(n)]
+    per = store.batch
+    samples: dict[str, list[float]] = {"store": [], "load": [], "raw_set": [], "raw_get": []}
+    slots = [-1] * n
+
+    def raw_set() -> None:
+        for lo in range(0, n, per):
+            client.set_many(
+                list(zip(raw_names[lo : lo + per], raw_values[lo : lo + per], strict=True))
+            )
+
+    def raw_get() -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for lo in range(0, n, per):
+            out += client.get_many(raw_names[lo : lo + per])
+        return out
+
+    for r in range(repeats + 1):
+        _flush(client)
+        t0 = time.perf_counter()
+        assert all(store.write(slots, keys, _segments(src)))
+        t_store = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        raw_set()
+        t_raw_set = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        assert all(store.read(slots, keys, _segments(dst)))
+        t_load = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got = raw_get()
+        t_raw_get = time.perf_counter() - t0
+        if r == 0:  # warm-up round; check the bytes once
+            assert torch.equal(dst, src) and got[0] == raw_values[0]
+            continue
+        nb = n * size
+        samples["store"].append(nb / t_store / 1e9)
+        samples["raw_set"].append(nb / t_raw_set / 1e9)
+        samples["load"].append(nb / t_load / 1e9)
+        samples["raw_get"].append(nb / t_raw_get / 1e9)
+    _flush(client)
+    store.close()
+    ratios_load = [k / r for k, r in zip(samples["load"], samples["raw_get"], strict=True)]
+    ratios_store = [k / r for k, r in zip(samples["store"], samples["raw_set"], strict=True)]
+    return {
+        "chunk_bytes": size,
+        "chunks": n,
+        "gbps": {k: {"best": max(v), "worst": min(v)} for k, v in samples.items()},
+        "load_ratio": {"best": max(ratios_load), "worst": min(ratios_load)},
+        "store_ratio": {"best": max(ratios_store), "worst": min(ratios_store)},
+    }
+
+
+def lookup(url: str, probes: int, tokens: int = 131072, chunk: int = 32) -> dict[str, Any]:
+    n = tokens // chunk
+    space = KeySpace(NS)
+    client = RemoteClient(parse_remote_url(url), timeout_s=5)
+    keys = chunk_keys(list(range(tokens)), chunk, b"bench-lookup")
+    for lo in range(0, n, 512):
+        client.set_many([(nm, b"x") for nm in space.names(keys[lo : lo + 512], 0)])
+    index = RemoteIndex(RemoteClient(parse_remote_url(url), timeout_s=5), space, 1, 0.005)
+    times = []
+    for i in range(probes + 1):
+        t0 = time.perf_counter()
+        while isinstance(got := index.leading(keys, 0), Pending):
+            time.sleep(0.0002)
+        dt = time.perf_counter() - t0
+        assert got == n, got
+        if i:
+            times.append(dt * 1e3)
+    index.close()
+    _flush(client)
+    client.close()
+    return {
+        "tokens": tokens,
+        "chunk_tokens": chunk,
+        "keys": n,
+        "ms_median": statistics.median(times),
+        "ms_worst": max(times),
+        "ms_best": min(times),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small batches, few repeats")
+    ap.add_argument("--cluster", action="store_true", help="measure on a 3-master cluster")
+    ap.add_argument("--vllm", action="store_true", help="also the two-engine TTFT runs")
+    ap.add_argument("--url", help="an existing deployment instead of a local server")
+    ap.add_argument("--batch-bytes", type=int, default=128 << 20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--probes", type=int, default=30)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if a.quick:
+        a.batch_bytes, a.repeats, a.probes = 32 << 20, 2, 10
+    from kvtier.testing.redis_server import RedisCluster, RedisServer
+
+    server: Any = None
+    url = a.url
+    if url is None:
+        server = RedisCluster(3) if a.cluster else RedisServer()
+        url = server.url
+    try:
+        sizes = [256 << 10, 1 << 20, 4 << 20]
+        bw = [bandwidth(url, s, a.batch_bytes, a.repeats) for s in sizes]
+        lk = lookup(url, a.probes)
+        vllm: dict[str, Any] = {}
+        if a.vllm:
+            from remote_engines import two_engines  # type: ignore[import-not-found]
+
+            vllm = two_engines(url)
+    finally:
+        if server is not None:
+            server.close()
+    rows = []
+    for b in bw:
+        g = b["gbps"]
+        rows.append(
+            [
+                fmt_bytes(b["chunk_bytes"]),
+                f"{g['store']['best']:.2f} / {g['raw_set']['best']:.2f}",
+                f"{b['store_ratio']['worst']:.2f}-{b['store_ratio']['best']:.2f}",
+                f"{g['load']['best']:.2f} / {g['raw_get']['best']:.2f}",
+                f"{b['load_ratio']['worst']:.2f}-{b['load_ratio']['best']:.2f}",
+            ]
+        )
+    where = "3-master cluster" if a.cluster else "standalone"
+    print(
+        format_table(
+            ["chunk", "store GB/s kvtier/raw", "store ratio", "load GB/s kvtier/raw", "load ratio"],
+            rows,
+            title=f"remote tier vs raw pipelined SET/GET ({where}, loopback)",
+        )
+    )
+    print(
+        f"lookup of a {lk['tokens']}-token prompt ({lk['keys']} keys): median "
+        f"{lk['ms_median']:.2f} ms, worst {lk['ms_worst']:.2f} ms"
+    )
+    summary: dict[str, Any] = {
+        "load_ratio_vs_raw_client": min(b["load_ratio"]["worst"] for b in bw),
+        "load_ratio_vs_raw_client_best": max(b["load_ratio"]["best"] for b in bw),
+        "store_ratio_vs_raw_client": min(b["store_ratio"]["worst"] for b in bw),
+        "store_ratio_vs_raw_client_best": max(b["store_ratio"]["best"] for b in bw),
+        "lookup_ms_128k": lk["ms_median"],
+        "lookup_ms_128k_worst": lk["ms_worst"],
+        "cluster": bool(a.cluster),
+    }
+    if vllm:
+        summary.update(vllm["summary"])
+        print(format_table(vllm["headers"], vllm["rows"], title="two engines, one remote store"))
+    print(summary)
+    write_json(
+        a.json,
+        {
+            "summary": summary,
+            "bandwidth": bw,
+            "lookup": lk,
+            "vllm": vllm,
+            "machine": machine_info(server=where, url=parse_remote_url(url).display),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
