@@ -48,8 +48,18 @@ def _segments(data: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
     return [[(0, row[:h]), (h, row[h:])] for row in data]
 
 
+OWN_SERVER = [True]
+"""False with ``--url``: delete only this benchmark's keys, never flush a deployment."""
+
+
 def _flush(client: RemoteClient) -> None:
     c = client.client
+    if not OWN_SERVER[0]:
+        for pattern in (KeySpace(NS).prefix + b"*", b"raw:*"):
+            names = list(c.scan_iter(match=pattern, count=1000))
+            for lo in range(0, len(names), 500):
+                client.delete(names[lo : lo + 500])
+        return
     if client.target.cluster:
         c.flushall(target_nodes=c.PRIMARIES)
     else:
@@ -164,6 +174,7 @@ def main() -> None:
 
     server: Any = None
     url = a.url
+    OWN_SERVER[0] = url is None
     if url is None:
         server = RedisCluster(3) if a.cluster else RedisServer()
         url = server.url

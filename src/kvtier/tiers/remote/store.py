@@ -80,7 +80,7 @@ class RemoteStore(SlotStore):
         for off, seg in parts:
             if off != pos or seg.device.type != "cpu":
                 return self._seal_gathered(key, parent, chunk)
-            views.append(memoryview(seg.numpy()))
+            views.append(seg.numpy().data)
             pos += seg.numel()
         if pos != self.slot_bytes:
             return self._seal_gathered(key, parent, chunk)
