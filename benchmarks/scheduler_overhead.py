@@ -23,10 +23,10 @@ single-tier hit (all HOST) and a mixed one (first half HOST, second half DISK):
 
 (b) *Whole scheduler-side cost of the hit*, keys already computed: a ``CacheManager`` over
     a tier stack built by the tier registry (a CPU tier, plus a disk tier below it in the
-    mixed case, index only) whose indexes already hold the request's chunk chain (reserve + commit in chain
-    order), SmolLM2's KV layout ``KVLayout.dense(30, 3, 64, "bfloat16")``, 16-token engine
-    blocks and a fixed, large sync budget. One untimed warm-up lookup computes the keys. The
-    timed region of each iteration is exactly
+    mixed case, index only) whose indexes already hold the request's chunk chain (reserve +
+    commit in chain order), SmolLM2's KV layout ``KVLayout.dense(30, 3, 64, "bfloat16")``,
+    16-token engine blocks and a fixed, large sync budget. One untimed warm-up lookup
+    computes the keys. The timed region of each iteration is exactly
 
         lookup(req_id, tokens, 0) + plan_load(req_id, hit, len(tokens))
         + on_allocated(req_id, block_ids, n, sync=not is_async) + hit_sources(req_id, n)
