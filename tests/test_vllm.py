@@ -345,6 +345,33 @@ def test_three_tier_stack_by_config_alone(tmp_path, baseline):
     assert_clean(r)
 
 
+def test_slow_shared_tier_lookups_ask_again_later(tmp_path, baseline):
+    """A shared tier (in-process memory space) whose probes take 50 ms, under a 12-chunk
+    CPU tier: vLLM is told to ask again later (the scheduler never waits on the probe),
+    the hits come from the shared tier, token-identical."""
+    chunk = CHUNK * BYTES_PER_TOKEN
+    cfg = {
+        "sync_budget": "1GiB",
+        "tiers": [
+            {"kind": "cpu", "capacity": 12 * chunk},
+            {
+                "kind": "memory",
+                "shared": True,
+                "url": f"memory://vllm-{tmp_path.name}",
+                "capacity": "256MiB",
+                "lookup_delay_ms": 50,
+            },
+        ],
+    }
+    r = run(tmp_path, cfg)
+    assert outputs(r) == outputs(baseline)
+    assert r["kvtier"]["deferred"] > 0
+    later = sources(r, 1) + sources(r, 2)
+    assert any(s.get("p2p", 0) > 0 for s in later), later
+    assert metric(r, "stored_chunks", "memory") > 0
+    assert_clean(r)
+
+
 TIGHT = {**ENGINE, "num_gpu_blocks_override": 24, "max_model_len": 736}  # 768 tokens
 
 

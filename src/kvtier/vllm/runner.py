@@ -214,6 +214,7 @@ def inspect(llm: Any) -> dict[str, Any]:
             [rid, {s.label: n for s, n in srcs.items()}] for rid, srcs in m.recent_hit_sources
         ],
         "steps": m.steps,
+        "deferred": m.deferred,
         "pending_jobs": m.has_pending_jobs(),
         "requests": m.num_requests(),
         "pins": sum(e.pins for index in slot_tiers for e in index._entries.values()),
