@@ -21,12 +21,12 @@ single-tier hit (all HOST) and a mixed one (first half HOST, second half DISK):
     All three must return the same dict (asserted). Median of 200 calls each (20 with
     ``--quick``); speedup = sweep median / kvtier median, both measured in this run.
 
-(b) *Whole scheduler-side cost of the hit*, keys already computed: a ``CacheManager`` with a
-    CPU tier (``TierView("cpu", HitSource.HOST, SlotIndex(...))``, plus a DISK tier in the
-    mixed case) whose index already holds the request's chunk chain (reserve + commit in chain
-    order), SmolLM2's KV layout ``KVLayout.dense(30, 3, 64, "bfloat16")``, 16-token engine
-    blocks and a fixed, large sync budget. One untimed warm-up lookup computes the keys. The
-    timed region of each iteration is exactly
+(b) *Whole scheduler-side cost of the hit*, keys already computed: a ``CacheManager`` over
+    a tier stack built by the tier registry (a CPU tier, plus a disk tier below it in the
+    mixed case, index only) whose indexes already hold the request's chunk chain (reserve +
+    commit in chain order), SmolLM2's KV layout ``KVLayout.dense(30, 3, 64, "bfloat16")``,
+    16-token engine blocks and a fixed, large sync budget. One untimed warm-up lookup
+    computes the keys. The timed region of each iteration is exactly
 
         lookup(req_id, tokens, 0) + plan_load(req_id, hit, len(tokens))
         + on_allocated(req_id, block_ids, n, sync=not is_async) + hit_sources(req_id, n)
@@ -58,9 +58,10 @@ from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, TierView
-from kvtier.policies import make_eviction_policy
+from kvtier.manager import CacheManager
 from kvtier.sources import HitRun, HitSource, hit_sources
+from kvtier.stack.registry import TierContext, build_stack
+from kvtier.stack.spec import TierSpec
 from kvtier.tiers.index import SlotIndex
 
 HIT_TOKENS = (8 << 10, 32 << 10, 128 << 10)
@@ -160,29 +161,36 @@ def build_case(chunk_tokens: int, hit_tokens: int, mix: str, seed: int = 0) -> C
     """A manager whose tier(s) hold the request's chain, plus the baseline's inputs."""
     rng = random.Random(seed)
     tokens = [rng.randrange(49152) for _ in range(hit_tokens + TAIL_TOKENS)]
-    config = KVTierConfig(
-        chunk_tokens=chunk_tokens, sync_budget=SyncBudget("fixed", SYNC_BUDGET_BYTES)
-    )
     namespace = Namespace("HuggingFaceTB/SmolLM2-135M", LAYOUT.digest())
     keys = chunk_keys(tokens, chunk_tokens, namespace.seed())
     n = len(keys)
     assert n * chunk_tokens == hit_tokens
     half = n // 2
-    cpu = SlotIndex(n, make_eviction_policy("lru", n))
-    tiers = [TierView("cpu", HitSource.HOST, cpu)]
+    chunk_bytes = LAYOUT.chunk_bytes(chunk_tokens)
+    specs = [TierSpec("cpu", capacity=n * chunk_bytes)]
+    if mix != "host":
+        specs.append(TierSpec("disk", capacity=n * chunk_bytes, path=None))
+    config = KVTierConfig(
+        chunk_tokens=chunk_tokens,
+        sync_budget=SyncBudget("fixed", SYNC_BUDGET_BYTES),
+        tiers=tuple(specs),
+    )
+    stack = build_stack(config, TierContext(config, chunk_bytes, namespace, restore=False))
+    cpu = stack[0].index
+    assert isinstance(cpu, SlotIndex)
     if mix == "host":
         assert store_chain(cpu, keys, n) == n
         runs = [HitRun(0, hit_tokens, HitSource.HOST)]
         per_chunk = [HitSource.HOST] * n
     else:
-        disk = SlotIndex(n, make_eviction_policy("lru", n))
-        tiers.append(TierView("disk", HitSource.DISK, disk))
+        disk = stack[1].index
+        assert isinstance(disk, SlotIndex)
         assert store_chain(cpu, keys, half) == half
         assert store_chain(disk, keys, n) == n  # write-through: disk holds the whole chain
         split = half * chunk_tokens
         runs = [HitRun(0, split, HitSource.HOST), HitRun(split, hit_tokens, HitSource.DISK)]
         per_chunk = [HitSource.HOST] * half + [HitSource.DISK] * (n - half)
-    manager = CacheManager(config, LAYOUT, namespace, BLOCK_TOKENS, tiers)
+    manager = CacheManager(config, LAYOUT, namespace, BLOCK_TOKENS, stack)
     num_blocks = -(-len(tokens) // BLOCK_TOKENS)
     block_ids = list(range(num_blocks))
     rng.shuffle(block_ids)

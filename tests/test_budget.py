@@ -9,10 +9,9 @@ from kvtier.budget import BudgetTracker
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, TierView
-from kvtier.policies import make_eviction_policy
-from kvtier.sources import HitSource
-from kvtier.tiers.index import SlotIndex
+from kvtier.manager import CacheManager
+from kvtier.stack.registry import TierContext, build_stack
+from kvtier.stack.spec import TierSpec
 
 LAYOUT = KVLayout.dense(2, 1, 4, "float32")  # 64 B per token
 CHUNK = 16
@@ -42,14 +41,16 @@ def test_fixed_and_off():
 
 
 def manager(limit: int, chains: list[list[int]]) -> CacheManager:
-    index = SlotIndex(4096, make_eviction_policy("lru", 4096))
-    m = CacheManager(
-        KVTierConfig(chunk_tokens=CHUNK, sync_budget=SyncBudget("fixed", limit)),
-        LAYOUT,
-        Namespace("m", LAYOUT.digest()),
-        CHUNK,
-        [TierView("cpu", HitSource.HOST, index)],
+    chunk_bytes = LAYOUT.chunk_bytes(CHUNK)
+    config = KVTierConfig(
+        chunk_tokens=CHUNK,
+        sync_budget=SyncBudget("fixed", limit),
+        tiers=(TierSpec("cpu", capacity=4096 * chunk_bytes),),
     )
+    ns = Namespace("m", LAYOUT.digest())
+    stack = build_stack(config, TierContext(config, chunk_bytes, ns))
+    index = stack[0].index
+    m = CacheManager(config, LAYOUT, ns, CHUNK, stack)
     for i, toks in enumerate(chains):  # store each chain's whole chunks
         hit = m.lookup(f"s{i}", toks, 0)
         assert hit is not None

@@ -315,6 +315,63 @@ def test_write_back_disk_serves_what_the_cpu_tier_evicted(tmp_path, baseline):
     assert_clean(r)
 
 
+def test_three_tier_stack_by_config_alone(tmp_path, baseline):
+    """cpu (12 chunks) -> memory (24 chunks, write-back from cpu) -> disk (write-through
+    from memory), given only as a ``tiers`` list: chunks the CPU tier evicts come back from
+    memory or disk, token-identical."""
+    chunk = CHUNK * BYTES_PER_TOKEN
+    cfg = {
+        "sync_budget": "1GiB",
+        "tiers": [
+            {"kind": "cpu", "capacity": 12 * chunk},
+            {
+                "kind": "memory",
+                "capacity": 24 * chunk,
+                "source": "p2p",
+                "on_store": "skip",
+                "on_evict": "demote",
+            },
+            {"kind": "disk", "path": str(tmp_path / "disk"), "capacity": "1GiB"},
+        ],
+    }
+    r = run(tmp_path, cfg)
+    assert outputs(r) == outputs(baseline)
+    assert metric(r, "evictions", "cpu") > 0
+    assert metric(r, "stored_chunks", "memory") > 0 and metric(r, "stored_chunks", "disk") > 0
+    later = sources(r, 1) + sources(r, 2)
+    assert any(s.get("p2p", 0) + s.get("disk", 0) > 0 for s in later), later
+    assert sorted(r["kvtier"]["tier_chunks"]) == ["cpu", "disk", "memory"]
+    assert metric(r, "failures", "memory", "store") == metric(r, "failures", "disk", "store") == 0
+    assert_clean(r)
+
+
+def test_slow_shared_tier_lookups_ask_again_later(tmp_path, baseline):
+    """A shared tier (in-process memory space) whose probes take 50 ms, under a 12-chunk
+    CPU tier: vLLM is told to ask again later (the scheduler never waits on the probe),
+    the hits come from the shared tier, token-identical."""
+    chunk = CHUNK * BYTES_PER_TOKEN
+    cfg = {
+        "sync_budget": "1GiB",
+        "tiers": [
+            {"kind": "cpu", "capacity": 12 * chunk},
+            {
+                "kind": "memory",
+                "shared": True,
+                "url": f"memory://vllm-{tmp_path.name}",
+                "capacity": "256MiB",
+                "lookup_delay_ms": 50,
+            },
+        ],
+    }
+    r = run(tmp_path, cfg)
+    assert outputs(r) == outputs(baseline)
+    assert r["kvtier"]["deferred"] > 0
+    later = sources(r, 1) + sources(r, 2)
+    assert any(s.get("p2p", 0) > 0 for s in later), later
+    assert metric(r, "stored_chunks", "memory") > 0
+    assert_clean(r)
+
+
 TIGHT = {**ENGINE, "num_gpu_blocks_override": 24, "max_model_len": 736}  # 768 tokens
 
 

@@ -5,14 +5,13 @@ load planning, hit sources, the transfer engine and metrics are engine-agnostic.
 """
 
 from kvtier.config import KVTierConfig, SyncBudget
-from kvtier.errors import ConfigError, CorruptChunk, KVTierError, TierError, TierUnavailable
+from kvtier.errors import ConfigError, KVTierError, TierError, TierUnavailable
 from kvtier.sources import HitRun, HitSource, hit_sources
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
-    "CorruptChunk",
     "HitRun",
     "HitSource",
     "KVTierConfig",

@@ -160,6 +160,9 @@ class KVTierConfig:
         out = dataclasses.asdict(self)
         out["sync_budget"] = str(self.sync_budget)
         out["tiers"] = [t.to_dict() for t in self.tiers]
+        if self.tiers:  # the flat keys are the stack's shorthand: one or the other
+            for key in FLAT_TIER_KEYS:
+                del out[key]
         return out
 
     def tier_specs(self) -> tuple[TierSpec, ...]:

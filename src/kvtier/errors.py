@@ -3,11 +3,11 @@
     KVTierError
     ├── ConfigError        bad configuration: names the offending key or value
     └── TierError          a tier could not do what was asked
-        ├── CorruptChunk   stored bytes failed their header or checksum check
         └── TierUnavailable the tier's backing store is gone (directory removed, server down)
 
 Faults on the data path never surface as exceptions to the engine: they are turned into
-misses (recompute). These exceptions are for configuration and for direct users of a tier.
+misses (recompute); a chunk that fails its checks is a per-chunk False, never an
+exception. These exceptions are for configuration and for direct users of a tier.
 """
 
 from __future__ import annotations
@@ -23,10 +23,6 @@ class ConfigError(KVTierError, ValueError):
 
 class TierError(KVTierError):
     """A tier operation failed."""
-
-
-class CorruptChunk(TierError):
-    """A stored chunk failed validation (magic, key, namespace, length or checksum)."""
 
 
 class TierUnavailable(TierError):

@@ -14,11 +14,9 @@ shared tier cannot hold; a chunk gone by load time fails into recompute.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kvtier.budget import BudgetTracker
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.jobs import StepPlan, TransferJob, WorkerReport
@@ -26,28 +24,14 @@ from kvtier.keys import Key, KeyChain, Namespace
 from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.admission import make_admission_policy
-from kvtier.sources import HitRun, HitSource, hit_sources
+from kvtier.sources import HitSource, hit_sources
 from kvtier.stack.jobs import JobEntry, JobTable
+from kvtier.stack.loads import LoadPlanner
 from kvtier.stack.movement import Movement
+from kvtier.stack.requests import Hit, RequestState
 from kvtier.stack.stack import StackTier, TierStack
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Hit:
-    """An external hit: tokens ``[start, end)`` found in tiers, as per-tier chunk runs."""
-
-    start: int
-    """Tokens the engine already has (its own cache); the hit continues from here."""
-    end: int
-    """End of the hit in tokens (a chunk boundary)."""
-    runs: tuple[tuple[str, int, int], ...]
-    """``(tier, first chunk, end chunk)``, innermost tier first, contiguous."""
-
-    @property
-    def tokens(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -62,19 +46,6 @@ class ScheduledRequest:
     block_ids: Sequence[int]
     """The request's engine blocks, in token order."""
     prompt_len: int
-
-
-@dataclass
-class _Request:
-    chain: KeyChain
-    hit: Hit | None = None
-    load_runs: list[HitRun] = field(default_factory=list)
-    load_start: int = 0
-    entry: int = 0
-    """Tier position the engine stores this request's chunks into (the edge fill rules)."""
-    jobs: set[int] = field(default_factory=set)
-    finished: bool = False
-    observed: bool = False
 
 
 def resolve_chunk_tokens(config: KVTierConfig, block_tokens: int) -> int:
@@ -117,7 +88,6 @@ class CacheManager:
         self.blocks_per_chunk = self.chunk_tokens // block_tokens
         self.stack = stack
         self.metrics = metrics or Metrics()
-        self.budget = BudgetTracker(config.sync_budget)
         first = stack[0].index
         # Remember seen counts for a few times more keys than the first tier holds.
         self.admission = make_admission_policy(
@@ -126,17 +96,19 @@ class CacheManager:
         self.defer_on_inflight_loads = defer_on_inflight_loads
         self.jobs = JobTable(num_workers)
         self.movement = Movement(stack, self.jobs, self.metrics)
-        self._reqs: dict[str, _Request] = {}
-        self._pending_loads: list[TransferJob] = []
+        self.loads = LoadPlanner(
+            config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
+        )
+        self.budget = self.loads.budget
+        self.recent_hit_sources = self.loads.recent_hit_sources
+        """The last requests' hit sources (inspection and tests)."""
+        self.recent_load_modes = self.loads.recent_load_modes
+        """The last requests' load modes, "sync" or "async" (inspection and tests)."""
+        self._loading = self.loads.loading
+        self._reqs: dict[str, RequestState] = {}
         self._pending_release: dict[str, list[int]] = {}
         # Stores planned when a request finished; its blocks stay allocated until they run.
         self._finish_stores: list[TransferJob] = []
-        # Async loads in flight: job id -> (first chunk, end chunk, the chain's keys).
-        self._loading: dict[int, tuple[int, int, list[Key]]] = {}
-        self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
-        """The last requests' hit sources (inspection and tests)."""
-        self.recent_load_modes: deque[tuple[str, str]] = deque(maxlen=4096)
-        """The last requests' load modes, "sync" or "async" (inspection and tests)."""
         self.deferred = 0
         """Lookups answered "ask again later" (a tier not ready, or a load in flight)."""
         self.steps = 0
@@ -157,11 +129,11 @@ class CacheManager:
 
     def _request(
         self, req_id: str, cache_salt: str | None = None, lora: str | None = None
-    ) -> _Request:
+    ) -> RequestState:
         req = self._reqs.get(req_id)
         if req is None:
             seed = self.namespace.seed(cache_salt, lora)
-            req = self._reqs[req_id] = _Request(KeyChain(seed, self.chunk_tokens))
+            req = self._reqs[req_id] = RequestState(KeyChain(seed, self.chunk_tokens))
         return req
 
     def lookup(
@@ -201,7 +173,7 @@ class CacheManager:
             return Hit(num_computed, num_computed, ())
         names = self.stack.tiers
         hit = Hit(num_computed, covered * c, tuple((names[t].name, a, b) for t, a, b in found))
-        if self.defer_on_inflight_loads and self._overlaps_loading(keys, first, covered):
+        if self.defer_on_inflight_loads and self.loads.overlaps_loading(keys, first, covered):
             self.deferred += 1
             return None
         req.hit = hit
@@ -215,39 +187,10 @@ class CacheManager:
         req.chain.keys[:] = keys
         return self.lookup(req_id, range(len(keys) * self.chunk_tokens), 0)
 
-    def _overlaps_loading(self, keys: Sequence[Key], first: int, end: int) -> bool:
-        """Whether chunks ``[first, end)`` of this chain are being loaded asynchronously for
-        another request. Chained keys make one comparison per in-flight load enough: two
-        chains hold the same chunk i exactly when their keys at i are equal."""
-        for c0, c1, other in self._loading.values():
-            i = max(first, c0)
-            if i < min(end, c1) and keys[i] == other[i]:
-                return True
-        return False
-
     def plan_load(self, req_id: str, hit: Hit, num_tokens: int) -> tuple[int, bool]:
-        """Decide how a hit loads: ``(external tokens, load asynchronously)``.
-
-        Sync (within this step) when every run is in a tier that allows it (host memory)
-        and its bytes fit what is left of this step's budget; async otherwise. A sync hit
-        must leave at least one token to compute, so a hit covering the whole sequence is
-        trimmed by one token: the load still copies the whole last chunk, and the engine
-        recomputes that token's KV in place, as it does for its own full prefix-cache hits.
-        """
-        n = hit.tokens
-        if n <= 0:
-            self.budget.release(req_id)
-            return 0, False
-        sync_ok = self.stack.sync_capable([self.stack.position[t] for t, _, _ in hit.runs])
-        sync_tokens = n - 1 if hit.end >= num_tokens else n
-        if (
-            sync_ok
-            and sync_tokens > 0
-            and self.budget.try_reserve(req_id, self.layout.load_bytes(n))
-        ):
-            return sync_tokens, False
-        self.budget.release(req_id)
-        return n, True
+        """Decide how a hit loads: ``(external tokens, load asynchronously)`` (see
+        :meth:`kvtier.stack.loads.LoadPlanner.plan`)."""
+        return self.loads.plan(req_id, hit, num_tokens)
 
     def on_allocated(
         self, req_id: str, block_ids: Sequence[int], num_external: int, sync: bool
@@ -261,55 +204,7 @@ class CacheManager:
             if req is not None:
                 req.load_runs = []
             return
-        c, bt, bpc = self.chunk_tokens, self.block_tokens, self.blocks_per_chunk
-        start, end = hit.start, hit.start + num_external
-        req.load_start = start
-        req.load_runs = []
-        first_block = start // bt
-        end_chunk = -(-end // c)
-        keys = req.chain.keys
-        deepest = 0
-        for tier_name, c0, c1 in hit.runs:
-            c1 = min(c1, end_chunk)
-            if c1 <= c0:
-                continue
-            t = self.stack.position[tier_name]
-            tier = self.stack[t]
-            deepest = max(deepest, t)
-            req.load_runs.append(HitRun(max(start, c0 * c), min(end, c1 * c), tier.source))
-            b0 = max(first_block, c0 * bpc)
-            blocks = list(block_ids[b0 : c1 * bpc])
-            if len(blocks) != c1 * bpc - b0:
-                raise ValueError(
-                    f"request {req_id}: {len(block_ids)} blocks allocated, the hit needs {c1 * bpc}"
-                )
-            chunk_keys = keys[c0:c1]
-            load = TransferJob(
-                0,
-                req_id,
-                "load",
-                tier_name,
-                sync,
-                chunk_keys,
-                tier.index.slots_of(chunk_keys),
-                blocks,
-                b0 - c0 * bpc,
-            )
-            req.jobs.add(self.jobs.add(load, self.jobs.hold(tier.index, chunk_keys[-1])))
-            if not sync:
-                self._loading[load.job_id] = (c0, c1, keys)
-            self._pending_loads.append(load)
-            self.metrics.inc("loads", 1, tier_name, "sync" if sync else "async")
-        req.entry = self.stack.entry(deepest)
-        self.stack.touch(keys[:end_chunk])
-        if not sync:
-            self.budget.release(req_id)
-        # Recorded here, not when vLLM asks for hit sources: it only asks with stats enabled.
-        sources = hit_sources([req.load_runs], start, end)
-        self.recent_hit_sources.append((req_id, sources))
-        self.recent_load_modes.append((req_id, "sync" if sync else "async"))
-        for source, n in sources.items():
-            self.metrics.inc("hit_tokens", n, source.label)
+        self.loads.allocate(req_id, req, hit, block_ids, num_external, sync)
 
     def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
         """Which tier each of the accepted ``num_external`` hit tokens came from."""
@@ -328,9 +223,9 @@ class CacheManager:
         releases."""
         self.steps += 1
         plan = StepPlan(
-            loads=self._pending_loads, stores=self._finish_stores, release=self._pending_release
+            loads=self.loads.pending, stores=self._finish_stores, release=self._pending_release
         )
-        self._pending_loads, self._pending_release, self._finish_stores = [], {}, []
+        self.loads.pending, self._pending_release, self._finish_stores = [], {}, []
         plan.stores += self.movement.pending
         self.movement.pending = []
         n_batch = 0
@@ -429,15 +324,7 @@ class CacheManager:
         assert result is not None
         failed = result.ok.count(False)
         if job.kind == "load":
-            self._loading.pop(job.job_id, None)
-            if failed:
-                bad = job.keys[result.ok.index(False)]
-                self.stack.by_name(job.tier).index.invalidate(bad)
-            mode = "sync" if job.sync else "async"
-            self.metrics.inc("load_bytes", result.nbytes, job.tier, mode)
-            self.metrics.inc("load_seconds", result.seconds, job.tier, mode)
-            if job.sync:
-                self.budget.observe_sync_load(result.nbytes, result.seconds)
+            self.loads.finished(job, result)
         else:
             dst = job.dst_tier if job.kind == "copy" else job.tier
             if job.kind == "copy":

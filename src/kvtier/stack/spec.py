@@ -87,7 +87,12 @@ class TierSpec:
         return self.name or self.kind
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields that differ from their defaults (what parse_tier accepts back)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name == "kind" or getattr(self, f.name) != f.default
+        }
 
 
 def _text(value: object, name: str) -> str:

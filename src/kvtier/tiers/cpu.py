@@ -22,6 +22,7 @@ import torch
 from kvtier.keys import Key
 from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
+from kvtier.stack.kinds import TierKind
 from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.slot_tier import SlotTier
@@ -29,7 +30,7 @@ from kvtier.transfer.copy import copy_segments, gather_rows, scatter_rows
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
 
 if TYPE_CHECKING:
-    from kvtier.stack.registry import TierContext
+    from kvtier.stack.kinds import TierContext
     from kvtier.stack.spec import TierSpec
 
 
@@ -185,10 +186,4 @@ def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
     return CpuSlab.flat_chunks(n, ctx.chunk_bytes)
 
 
-def _kind() -> object:
-    from kvtier.stack.registry import TierKind
-
-    return TierKind("cpu", HitSource.HOST, True, _index, _store, lambda c: c.cpu_bytes)
-
-
-KIND = _kind()
+KIND = TierKind("cpu", HitSource.HOST, True, _index, _store, lambda c: c.cpu_bytes)

@@ -16,13 +16,14 @@ import torch
 from kvtier.keys import Key
 from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
+from kvtier.stack.kinds import TierKind
 from kvtier.tiers.base import Segments, SlotStore, TierIndex
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore, shared_space
 from kvtier.tiers.slot_tier import SlotTier
 
 if TYPE_CHECKING:
-    from kvtier.stack.registry import TierContext, TierKind
+    from kvtier.stack.kinds import TierContext
     from kvtier.stack.spec import TierSpec
 
 
@@ -100,10 +101,4 @@ def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
     return DictStore(ctx.capacity_chunks(spec, 64 << 20), ctx.chunk_bytes)
 
 
-def _kind() -> TierKind:
-    from kvtier.stack.registry import TierKind
-
-    return TierKind("memory", HitSource.HOST, False, _index, _store, lambda c: 64 << 20)
-
-
-KIND = _kind()
+KIND = TierKind("memory", HitSource.HOST, False, _index, _store, lambda c: 64 << 20)

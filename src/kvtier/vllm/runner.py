@@ -204,8 +204,9 @@ def inspect(llm: Any) -> dict[str, Any]:
     drain(llm)
     conn.get_kv_connector_stats()  # fold the last interval into the totals
     m = conn.manager
-    index = m.tiers[0].index
-    index.check()
+    slot_tiers = [t.index for t in m.tiers if not t.shared]
+    for index in slot_tiers:
+        index.check()
     worker: Any = getattr(get_kv_transfer_group(), "worker", None)
     return {
         "metrics": conn.totals.to_dict(),
@@ -213,10 +214,11 @@ def inspect(llm: Any) -> dict[str, Any]:
             [rid, {s.label: n for s, n in srcs.items()}] for rid, srcs in m.recent_hit_sources
         ],
         "steps": m.steps,
+        "deferred": m.deferred,
         "pending_jobs": m.has_pending_jobs(),
         "requests": m.num_requests(),
-        "pins": sum(e.pins for e in index._entries.values()),
-        "chunks": len(index),
+        "pins": sum(e.pins for index in slot_tiers for e in index._entries.values()),
+        "chunks": len(m.tiers[0].index),
         "tier_chunks": {t.name: len(t.index) for t in m.tiers},
         "preemptions": conn.preemptions,
         "chunk_tokens": m.chunk_tokens,
@@ -224,7 +226,7 @@ def inspect(llm: Any) -> dict[str, Any]:
         "bandwidth": m.budget.bandwidth,
         "step_seconds": m.budget.step_seconds,
         "worker_inflight": len(worker._inflight),
-        "failed_reads": getattr(worker.engine.stores["cpu"], "failed_reads", 0),
+        "failed_reads": getattr(next(iter(worker.engine.stores.values())), "failed_reads", 0),
     }
 
 

@@ -1,0 +1,156 @@
+"""Load planning: which hits load within the step (sync) and which asynchronously, the load
+jobs of an accepted hit, and what loads in flight mean for later lookups."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from kvtier.budget import BudgetTracker
+from kvtier.config import KVTierConfig
+from kvtier.jobs import JobResult, TransferJob
+from kvtier.keys import Key
+from kvtier.layout import KVLayout
+from kvtier.metrics import Metrics
+from kvtier.sources import HitRun, HitSource, hit_sources
+from kvtier.stack.jobs import JobTable
+from kvtier.stack.requests import Hit, RequestState
+from kvtier.stack.stack import TierStack
+
+
+class LoadPlanner:
+    """Plans loads from the stack's tiers into engine blocks (the scheduler's thread).
+
+    ``pending``: load jobs accepted since the last step (they go into its plan); the sync
+    budget is per step (:class:`~kvtier.budget.BudgetTracker`).
+    """
+
+    def __init__(
+        self,
+        config: KVTierConfig,
+        layout: KVLayout,
+        stack: TierStack,
+        jobs: JobTable,
+        metrics: Metrics,
+        chunk_tokens: int,
+        block_tokens: int,
+    ) -> None:
+        self.layout = layout
+        self.stack = stack
+        self.jobs = jobs
+        self.metrics = metrics
+        self.chunk_tokens = chunk_tokens
+        self.block_tokens = block_tokens
+        self.blocks_per_chunk = chunk_tokens // block_tokens
+        self.budget = BudgetTracker(config.sync_budget)
+        self.pending: list[TransferJob] = []
+        self.loading: dict[int, tuple[int, int, list[Key]]] = {}
+        """Async loads in flight: job id -> (first chunk, end chunk, the chain's keys)."""
+        self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
+        self.recent_load_modes: deque[tuple[str, str]] = deque(maxlen=4096)
+
+    def overlaps_loading(self, keys: Sequence[Key], first: int, end: int) -> bool:
+        """Whether chunks ``[first, end)`` of this chain are being loaded asynchronously for
+        another request. Chained keys make one comparison per in-flight load enough: two
+        chains hold the same chunk i exactly when their keys at i are equal."""
+        for c0, c1, other in self.loading.values():
+            i = max(first, c0)
+            if i < min(end, c1) and keys[i] == other[i]:
+                return True
+        return False
+
+    def plan(self, req_id: str, hit: Hit, num_tokens: int) -> tuple[int, bool]:
+        """``(external tokens, load asynchronously)``.
+
+        Sync (within this step) when every run is in a tier that allows it (host memory)
+        and its bytes fit what is left of this step's budget; async otherwise. A sync hit
+        must leave at least one token to compute, so a hit covering the whole sequence is
+        trimmed by one token: the load still copies the whole last chunk, and the engine
+        recomputes that token's KV in place, as it does for its own full prefix-cache hits.
+        """
+        n = hit.tokens
+        if n <= 0:
+            self.budget.release(req_id)
+            return 0, False
+        sync_ok = self.stack.sync_capable([self.stack.position[t] for t, _, _ in hit.runs])
+        sync_tokens = n - 1 if hit.end >= num_tokens else n
+        if (
+            sync_ok
+            and sync_tokens > 0
+            and self.budget.try_reserve(req_id, self.layout.load_bytes(n))
+        ):
+            return sync_tokens, False
+        self.budget.release(req_id)
+        return n, True
+
+    def allocate(
+        self,
+        req_id: str,
+        req: RequestState,
+        hit: Hit,
+        block_ids: Sequence[int],
+        num_external: int,
+        sync: bool,
+    ) -> None:
+        """Build the load job(s) of an accepted hit; see CacheManager.on_allocated."""
+        c, bt, bpc = self.chunk_tokens, self.block_tokens, self.blocks_per_chunk
+        start, end = hit.start, hit.start + num_external
+        req.load_start = start
+        req.load_runs = []
+        first_block = start // bt
+        end_chunk = -(-end // c)
+        keys = req.chain.keys
+        deepest = 0
+        for tier_name, c0, c1 in hit.runs:
+            c1 = min(c1, end_chunk)
+            if c1 <= c0:
+                continue
+            t = self.stack.position[tier_name]
+            tier = self.stack[t]
+            deepest = max(deepest, t)
+            req.load_runs.append(HitRun(max(start, c0 * c), min(end, c1 * c), tier.source))
+            b0 = max(first_block, c0 * bpc)
+            blocks = list(block_ids[b0 : c1 * bpc])
+            if len(blocks) != c1 * bpc - b0:
+                raise ValueError(
+                    f"request {req_id}: {len(block_ids)} blocks allocated, the hit needs {c1 * bpc}"
+                )
+            chunk_keys = keys[c0:c1]
+            load = TransferJob(
+                0,
+                req_id,
+                "load",
+                tier_name,
+                sync,
+                chunk_keys,
+                tier.index.slots_of(chunk_keys),
+                blocks,
+                b0 - c0 * bpc,
+            )
+            req.jobs.add(self.jobs.add(load, self.jobs.hold(tier.index, chunk_keys[-1])))
+            if not sync:
+                self.loading[load.job_id] = (c0, c1, keys)
+            self.pending.append(load)
+            self.metrics.inc("loads", 1, tier_name, "sync" if sync else "async")
+        req.entry = self.stack.entry(deepest)
+        self.stack.touch(keys[:end_chunk])
+        if not sync:
+            self.budget.release(req_id)
+        # Recorded here, not when vLLM asks for hit sources: it only asks with stats enabled.
+        sources = hit_sources([req.load_runs], start, end)
+        self.recent_hit_sources.append((req_id, sources))
+        self.recent_load_modes.append((req_id, "sync" if sync else "async"))
+        for source, n in sources.items():
+            self.metrics.inc("hit_tokens", n, source.label)
+
+    def finished(self, job: TransferJob, result: JobResult) -> None:
+        """A load ended: a failed chunk (and its descendants) leaves its tier."""
+        self.loading.pop(job.job_id, None)
+        if not all(result.ok):
+            bad = job.keys[result.ok.index(False)]
+            self.stack.by_name(job.tier).index.invalidate(bad)
+        mode = "sync" if job.sync else "async"
+        self.metrics.inc("load_bytes", result.nbytes, job.tier, mode)
+        self.metrics.inc("load_seconds", result.seconds, job.tier, mode)
+        if job.sync:
+            self.budget.observe_sync_load(result.nbytes, result.seconds)

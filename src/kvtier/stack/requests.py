@@ -1,0 +1,39 @@
+"""Per-request state of the scheduler side, and the hit a lookup found."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtier.keys import KeyChain
+from kvtier.sources import HitRun
+
+
+@dataclass(frozen=True)
+class Hit:
+    """An external hit: tokens ``[start, end)`` found in tiers, as per-tier chunk runs."""
+
+    start: int
+    """Tokens the engine already has (its own cache); the hit continues from here."""
+    end: int
+    """End of the hit in tokens (a chunk boundary)."""
+    runs: tuple[tuple[str, int, int], ...]
+    """``(tier, first chunk, end chunk)``, innermost tier first, contiguous."""
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class RequestState:
+    """What the scheduler side keeps per request."""
+
+    chain: KeyChain
+    hit: Hit | None = None
+    load_runs: list[HitRun] = field(default_factory=list)
+    load_start: int = 0
+    entry: int = 0
+    """Tier position the engine stores this request's chunks into (the edge fill rules)."""
+    jobs: set[int] = field(default_factory=set)
+    finished: bool = False
+    observed: bool = False

@@ -1,0 +1,241 @@
+"""The slab directory of a DiskSlab: its lock, geometry, files, header scans, lifetime."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvtier.errors import TierUnavailable
+from kvtier.tiers.disk.format import (
+    HEADER_BYTES,
+    LOCK_NAME,
+    SUPER_NAME,
+    ZERO_HEADER,
+    SlabGeometry,
+    SlotHeader,
+    SlotRecord,
+    gc_paused,
+    list_slab_files,
+    parse_headers,
+    read_header_area,
+    read_superblock,
+    records_of,
+    scan_headers,
+    slab_file_name,
+)
+from kvtier.tiers.disk.state import SlabState
+
+log = logging.getLogger("kvtier.tiers.disk.slab")
+
+
+class SlabFiles(SlabState):
+    """Opening, formatting, scanning and closing the directory's files."""
+
+    def _open_geometry(self, file_bytes: int) -> SlabGeometry:
+        found = read_superblock(self.path)
+        if found is not None and found.slot_bytes == self.slot_bytes:
+            return found
+        geo = SlabGeometry.for_slot_bytes(self.slot_bytes, file_bytes)
+        if found is not None or list_slab_files(self.path):
+            was = f"{found.slot_bytes}-byte slots" if found else "no valid superblock"
+            log.warning(
+                "kvtier disk tier: %s holds slab files with %s, not %d-byte slots; "
+                "reformatting it (its cached chunks are dropped)",
+                self.path,
+                was,
+                self.slot_bytes,
+            )
+        try:
+            for fi in list_slab_files(self.path):
+                os.unlink(self.path / slab_file_name(fi))
+            tmp = self.path / (SUPER_NAME + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, geo.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path / SUPER_NAME)
+        except OSError as e:
+            raise TierUnavailable(f"disk tier {self.path}: cannot format: {e}") from e
+        return geo
+
+    def _open_files(self) -> None:
+        geo = self.geometry
+        need = geo.num_files(self.num_slots)
+        try:
+            for fi in list_slab_files(self.path):
+                if fi >= need:  # capacity shrank: give the space back
+                    os.unlink(self.path / slab_file_name(fi))
+            for fi in range(need):
+                fd = os.open(self.path / slab_file_name(fi), os.O_RDWR | os.O_CREAT, 0o600)
+                self._fds.append(fd)
+            if need:
+                self._trim_last_file(need - 1)
+        except OSError as e:
+            raise TierUnavailable(f"disk tier {self.path}: cannot open slab files: {e}") from e
+
+    def _trim_last_file(self, fi: int) -> None:
+        """Drop slots past ``num_slots`` in the last file (capacity shrank): erase their
+        valid headers, so a later, larger capacity does not re-admit them, and truncate
+        their payloads, so the files fit the new capacity."""
+        geo = self.geometry
+        used = geo.file_slots(fi, self.num_slots)
+        fd = self._fds[fi]
+        if used == geo.slots_per_file or os.fstat(fd).st_size <= geo.file_size(used):
+            return
+        first = used * HEADER_BYTES
+        area = os.pread(fd, geo.slots_per_file * HEADER_BYTES - first, first)
+        for h in parse_headers(area, used):
+            os.pwrite(fd, ZERO_HEADER, geo.header_offset(h.slot))
+        os.ftruncate(fd, geo.file_size(used))
+
+    def _scan_own(self) -> list[SlotHeader]:
+        """Valid headers of every namespace in our files (sequence numbers continue past
+        every namespace's); unreadable files count as empty."""
+        out: list[SlotHeader] = []
+        geo = self.geometry
+        for fi, fd in enumerate(self._fds):
+            count = geo.file_slots(fi, self.num_slots)
+            try:
+                area = read_header_area(fd, geo, count)
+            except OSError as e:
+                log.warning(
+                    "kvtier disk tier: cannot read headers of file %d in %s: %s", fi, self.path, e
+                )
+                continue
+            out.extend(parse_headers(area, fi * geo.slots_per_file))
+        return out
+
+    @classmethod
+    def scan(
+        cls,
+        path: str | os.PathLike[str],
+        namespace: bytes,
+        slot_bytes: int,
+        num_slots: int | None = None,
+    ) -> list[SlotRecord]:
+        """Restorable chunks of ``namespace`` in directory ``path``, reading headers only.
+
+        For the scheduler process, which rebuilds its index (:func:`restore_index`) while
+        a worker owns the slab: takes no lock, writes nothing. Empty when the directory is
+        missing or formatted for another ``slot_bytes``. Slots at or past ``num_slots``
+        are ignored. A header that validates says nothing yet about its payload: a torn
+        payload is found (and becomes a miss) when it is read.
+        """
+        geo = read_superblock(path)
+        if geo is None or geo.slot_bytes != slot_bytes:
+            return []
+        with gc_paused():
+            headers = scan_headers(path, geo, num_slots, namespace)
+            return records_of(h for h in headers if h.length == slot_bytes)
+
+    def _backing_present(self, slots: Sequence[int]) -> bool:
+        """False (and the slab disabled, logged once) if a file the batch touches was
+        unlinked: writes would vanish at close and reads hold space the operator freed."""
+        spf = self._spf
+        try:
+            gone = any(os.fstat(self._fds[fi]).st_nlink == 0 for fi in {s // spf for s in slots})
+        except OSError:
+            gone = True
+        if gone:
+            with self._stats_lock:
+                first = not self.unavailable
+                self.unavailable = True
+            if first:
+                log.error(
+                    "kvtier disk tier: slab files in %s were removed while in use; the disk "
+                    "tier is disabled until restart",
+                    self.path,
+                )
+        return not gone
+
+    def _locate(self, slot: int) -> tuple[int, int]:
+        """(file descriptor, payload offset) of ``slot``."""
+        spf = self._spf
+        return self._fds[slot // spf], self._payload_base + (slot % spf) * self._stride
+
+    def sync(self) -> bool:
+        """fsync every slab file: chunks written so far survive a power loss. False if
+        any fsync failed."""
+        ok = True
+        for fd in self._fds:
+            try:
+                os.fsync(fd)
+            except OSError:
+                ok = False
+        return ok
+
+    def drop_page_cache(self) -> None:
+        """Write back and drop the slab files' pages from the page cache, so the next reads
+        come from the device (cold-cache benchmarks and tests). Best effort."""
+        for fd in self._fds:
+            with contextlib.suppress(OSError, AttributeError):
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        """Wait for in-flight operations, stop the pool, close the files, drop the lock.
+        Idempotent; later reads and writes fail (False)."""
+        with self._stats_lock:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._idle.wait()
+        self._release()
+
+    def _release(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # closing the last descriptor drops the flock
+            self._lock_fd = -1
+
+
+def lock_dir(path: Path) -> int:
+    """Create ``path`` if needed and take its exclusive lock; return the lock's fd."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise TierUnavailable(f"disk tier directory {path} cannot be used: {e}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        owner = lock_owner(fd)
+        os.close(fd)
+        if owner == os.getpid():
+            who = "already open in this process (another DiskSlab or DiskTier)"
+        else:
+            who = f"in use by another process (pid {owner or 'unknown'})"
+        raise TierUnavailable(
+            f"disk tier directory {path} is {who}; one owner per directory: give every "
+            f"engine (and every rank) its own disk_path"
+        ) from e
+    except OSError as e:
+        os.close(fd)
+        raise TierUnavailable(f"disk tier directory {path}: cannot lock {LOCK_NAME}: {e}") from e
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def lock_owner(fd: int) -> int | None:
+    """The pid the lock's owner wrote into the lock file, if it reads as one."""
+    try:
+        text = os.pread(fd, 32, 0).strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
