@@ -12,6 +12,7 @@ import torch
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import rank_key
+from kvtier.stack.spec import TierSpec
 from kvtier.testing.redis_server import RedisCluster, RedisServer
 from kvtier.testing.shared_conformance import (
     CHUNK_BYTES,
@@ -23,9 +24,12 @@ from kvtier.testing.shared_conformance import (
     probe,
     segs,
 )
+from kvtier.testing.split_conformance import SplitConformance
+from kvtier.testing.split_conformance import _chain as split_chain
+from kvtier.testing.split_conformance import _segs as split_segs
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
-from redis_fixtures import cluster, harness, server  # noqa: F401  (fixtures)
+from redis_fixtures import cluster, flush, harness, server  # noqa: F401  (fixtures)
 
 # -- the conformance suite on every shared tier ----------------------------------------------
 
@@ -237,3 +241,43 @@ def test_probe_answers_pending_instead_of_blocking(server):  # noqa: F811
         index.close()
     finally:
         h.close()
+
+
+# -- the index/store split the engine runs, built by the registry -----------------------------
+
+
+class _RedisSplit(SplitConformance):
+    url = ""
+
+    def spec(self, tmp_path):
+        flush(self.url)
+        # A generous probe wait: these tests call leading() once and expect the answer.
+        return TierSpec("redis", url=self.url, shared=True, probe_wait_ms=5000)
+
+    def test_capacity_is_bounded_and_what_leads_reads_back(self, tmp_path):
+        """The bound of a redis tier is the server's maxmemory (see
+        test_remote_engine.test_maxmemory_lru_evicts_and_engines_cope); what leads reads
+        back."""
+        index, store = self.build(tmp_path, chunks=6)
+        chains = [split_chain(3, salt=s) for s in range(5)]
+        for s, keys in enumerate(chains):
+            self.store_chain(index, store, keys, split_segs(3, seed=10 + s))
+        for s, keys in enumerate(chains):
+            assert index.leading(keys) == 3
+            out = split_segs(3, fill=0)
+            assert store.read(index.slots_of(keys), keys, out) == [True] * 3
+            for i in range(3):
+                assert torch.equal(out[i][0][1], split_segs(3, seed=10 + s)[i][0][1])
+        store.close()
+
+
+class TestRedisSplit(_RedisSplit):
+    @pytest.fixture(autouse=True)
+    def _server(self, server: RedisServer) -> None:  # noqa: F811
+        self.url = server.url
+
+
+class TestRedisClusterSplit(_RedisSplit):
+    @pytest.fixture(autouse=True)
+    def _cluster(self, cluster: RedisCluster) -> None:  # noqa: F811
+        self.url = cluster.url
