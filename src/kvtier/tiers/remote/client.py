@@ -27,15 +27,33 @@ from kvtier.tiers.remote.url import RemoteTarget
 
 log = logging.getLogger("kvtier")
 
-# Index (0-based, in ARGV) of the first key that does not exist; #ARGV when all do. Keys go
-# in ARGV, not KEYS, and the script may touch keys of several slots: in a cluster it is sent
-# to the node that owns every key passed (allow-cross-slot-keys, Redis >= 7.0).
+# How many leading chunks have every rank's key. ARGV: the name prefix, the chunks' name
+# middles concatenated (each ``width`` bytes), ``width``, then one name suffix per rank.
+# One argument for all chunks keeps a 4,096-chunk probe cheap to send and to parse. Names
+# are built here, so the script may touch keys of several slots: in a cluster it is sent to
+# the node owning every chunk passed (allow-cross-slot-keys, Redis >= 7.0).
 PROBE_SCRIPT = (
     "#!lua flags=allow-cross-slot-keys,no-writes\n"
-    "for i = 1, #ARGV do\n"
-    "  if redis.call('EXISTS', ARGV[i]) == 0 then return i - 1 end\n"
+    "local prefix, mids, w = ARGV[1], ARGV[2], tonumber(ARGV[3])\n"
+    "local n = #mids / w\n"
+    "local i = 0\n"
+    "while i < n do\n"
+    # A batch of chunks in one multi-key EXISTS; only a batch with a miss goes key by key.
+    "  local names = {}\n"
+    "  local last = math.min(n, i + 256) - 1\n"
+    "  for j = i, last do\n"
+    "    local name = prefix .. string.sub(mids, j * w + 1, (j + 1) * w)\n"
+    "    for r = 4, #ARGV do names[#names + 1] = name .. ARGV[r] end\n"
+    "  end\n"
+    "  if redis.call('EXISTS', unpack(names)) < #names then\n"
+    "    local per = #ARGV - 3\n"
+    "    for k = 1, #names do\n"
+    "      if redis.call('EXISTS', names[k]) == 0 then return i + math.floor((k - 1) / per) end\n"
+    "    end\n"
+    "  end\n"
+    "  i = last + 1\n"
     "end\n"
-    "return #ARGV\n"
+    "return n\n"
 )
 
 
@@ -150,61 +168,62 @@ class RemoteClient:
 
     # -- probe ---------------------------------------------------------------------------
 
-    def leading(self, keys: Sequence[bytes]) -> int:
-        """How many leading ``keys`` exist, in one round trip per node holding them (a Lua
-        loop that stops at the first miss); pipelined EXISTS where scripting is refused."""
-        if not keys:
+    def leading(self, prefix: bytes, mids: Sequence[bytes], suffixes: Sequence[bytes]) -> int:
+        """How many leading chunks exist under every suffix (rank): chunk i's names are
+        ``prefix + mids[i] + suffix``, all ``mids`` of one width. One round trip per node
+        holding them (a Lua loop that stops at the first miss); pipelined EXISTS where
+        scripting is refused."""
+        if not mids:
             return 0
         if self._script_ok:
             try:
-                return self._guard(lambda: self._leading_script(keys))  # type: ignore[no-any-return]
+                return self._guard(lambda: self._leading_script(prefix, mids, suffixes))  # type: ignore[no-any-return]
             except RemoteUnavailable as e:
-                if "script" not in str(e).lower() and "NOSCRIPT" not in str(e):
+                if "script" not in str(e).lower():
                     raise
                 self._script_ok = False  # e.g. scripting disabled on a managed deployment
                 self._down_until = 0.0
-        present = self.exists_many(keys)
-        return present.index(False) if False in present else len(keys)
+        names = [prefix + m + s for m in mids for s in suffixes]
+        present = self.exists_many(names)
+        first = present.index(False) if False in present else len(names)
+        return first // len(suffixes)
 
-    def _eval(self, keys: Sequence[bytes], node: Any = None) -> int:
+    def _eval(
+        self, prefix: bytes, mids: Sequence[bytes], suffixes: Sequence[bytes], node: Any = None
+    ) -> int:
+        width = len(mids[0])
+        args: list[Any] = [0, prefix, b"".join(mids), width, *suffixes]
+        kw = {} if node is None else {"target_nodes": node}
         if self._script_sha is None:
-            load = ["SCRIPT", "LOAD", PROBE_SCRIPT]
-            if self.target.cluster:
-                self._script_sha = self.client.execute_command(*load, target_nodes="primaries")
-                if isinstance(self._script_sha, dict):
-                    self._script_sha = next(iter(self._script_sha.values()))
-            else:
-                self._script_sha = self.client.execute_command(*load)
-        args = ["EVALSHA", self._script_sha, 0, *keys]
+            sha = self.client.execute_command("SCRIPT", "LOAD", PROBE_SCRIPT, **kw)
+            self._script_sha = next(iter(sha.values())) if isinstance(sha, dict) else sha
         try:
-            if node is None:
-                return int(self.client.execute_command(*args))
-            return int(self.client.execute_command(*args, target_nodes=node))
+            return int(self.client.execute_command("EVALSHA", self._script_sha, *args, **kw))
         except redis.exceptions.NoScriptError:  # a restarted or new node
-            args[:2] = ["EVAL", PROBE_SCRIPT]
             self._script_sha = None
-            if node is None:
-                return int(self.client.execute_command(*args))
-            return int(self.client.execute_command(*args, target_nodes=node))
+            return int(self.client.execute_command("EVAL", PROBE_SCRIPT, *args, **kw))
 
-    def _leading_script(self, keys: Sequence[bytes]) -> int:
+    def _leading_script(
+        self, prefix: bytes, mids: Sequence[bytes], suffixes: Sequence[bytes]
+    ) -> int:
         if not self.target.cluster:
-            return self._eval(keys)
-        # Group by owning node, keeping each group in chain order; the chain's leading run
-        # ends at the first miss of any node.
+            return self._eval(prefix, mids, suffixes)
+        # Group chunks by owning node (every rank of a chunk shares its hash tag), keeping
+        # each group in chain order; the chain's leading run ends at any node's first miss.
         c = self.client
         groups: dict[str, tuple[Any, list[int], list[bytes]]] = {}
-        for i, k in enumerate(keys):
-            node = c.nodes_manager.get_node_from_slot(c.keyslot(k))
+        for i, m in enumerate(mids):
+            node = c.nodes_manager.get_node_from_slot(c.keyslot(prefix + m + suffixes[0]))
             g = groups.setdefault(node.name, (node, [], []))
             g[1].append(i)
-            g[2].append(k)
-        end = len(keys)
+            g[2].append(m)
+        end = len(mids)
         for node, positions, group in groups.values():
             if positions[0] >= end:
                 continue
-            n = self._eval(group[: sum(1 for p in positions if p < end)], node)
-            if n < len(positions) and positions[n] < end:
+            take = sum(1 for p in positions if p < end)
+            n = self._eval(prefix, group[:take], suffixes, node)
+            if n < take:
                 end = positions[n]
         return end
 

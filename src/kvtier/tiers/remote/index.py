@@ -73,8 +73,9 @@ class RemoteIndex:
             keys, start, ask = item
             t0 = time.perf_counter()
             try:
-                names = self.keyspace.all_ranks(keys[start:], self.world)
-                ask.answer = start + self.client.leading(names) // self.world
+                ks = self.keyspace
+                mids = ks.mids(keys[start:])
+                ask.answer = start + self.client.leading(ks.prefix, mids, ks.suffixes(self.world))
             except RemoteUnavailable:
                 ask.answer = start  # down or slow: no hit, the engine computes
             except Exception:  # a bug must not kill the prober: no hit

@@ -31,8 +31,11 @@ class KeySpace:
         p, r = self.prefix, b"}:" + str(rank).encode()
         return [p + k.hex().encode() + r for k in keys]
 
-    def all_ranks(self, keys: Sequence[Key], world: int) -> list[bytes]:
-        """Every rank's name of every chunk, chunk after chunk (rank-major within a chunk)."""
-        p = self.prefix
-        suffixes = [b"}:" + str(r).encode() for r in range(world)]
-        return [p + k.hex().encode() + s for k in keys for s in suffixes]
+    def mids(self, keys: Sequence[Key]) -> list[bytes]:
+        """The middle part of each chunk's names (its hex key): names are
+        ``prefix + mid + suffix(rank)``."""
+        return [k.hex().encode() for k in keys]
+
+    @staticmethod
+    def suffixes(world: int) -> list[bytes]:
+        return [b"}:" + str(r).encode() for r in range(world)]
