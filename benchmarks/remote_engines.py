@@ -66,7 +66,7 @@ def two_engines(url: str, conversations: int = 6, doc_tokens: int = 700) -> dict
     )
     cfg = {
         "sync_budget": "1GiB",
-        "tiers": [{"kind": "cpu", "capacity": "2GiB"}, {"kind": "redis", "url": url}],
+        "tiers": [{"kind": "cpu", "capacity": "1GiB"}, {"kind": "redis", "url": url}],
     }
 
     def spec(requests: list[dict[str, Any]]) -> dict[str, Any]:

@@ -32,7 +32,8 @@ def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa:
             "sync_budget": "1GiB",
             "tiers": [
                 {"kind": "cpu", "capacity": "256MiB"},
-                {"kind": "redis", "url": server.url},
+                # Generous: other jobs share this machine's two cores with the engine.
+                {"kind": "redis", "url": server.url, "timeout_ms": 3000},
             ],
         }
         a = run(tmp_path, cfg, program=[phase("p1", 12)], note="engine A")
@@ -42,7 +43,7 @@ def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa:
         b = run(tmp_path, cfg, program=[phase("p1", 12)], note="engine B")
     assert outputs(b)[0] == outputs(baseline)[0]
     srcs = sources(b, 0)
-    assert srcs[0] == {"p2p": expected_hit(len(PROMPTS[0]), False)}
+    assert srcs[0] == {"p2p": expected_hit(len(PROMPTS[0]), False)}, b["kvtier"]["metrics"]
     assert all(s.get("p2p", 0) > 0 for s in srcs), srcs
     assert metric(b, "loads", "redis", "async") >= 1
     assert metric(b, "failures", "redis", "load") == 0
