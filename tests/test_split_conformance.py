@@ -9,7 +9,8 @@ from kvtier.tiers.shared import drop_shared_space
 
 
 def test_every_kind_has_a_suite():
-    assert set(tier_kinds()) == {"cpu", "disk", "memory"}
+    # redis: TestRedisSplit / TestRedisClusterSplit in test_remote_tier.py (real servers)
+    assert set(tier_kinds()) == {"cpu", "disk", "memory", "redis"}
 
 
 class TestCpuSplit(SplitConformance):
