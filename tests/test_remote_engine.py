@@ -117,6 +117,10 @@ def test_second_engine_hits_what_the_first_stored(server):  # noqa: F811
     shared = sum(len(p) // CHUNK * CHUNK for p in prompts)
     assert remote_tokens(b) >= 0.9 * (shared - 3 * CHUNK * (len(prompts) - 1)) > 0
     assert b.recomputed == 0
+    # Remote hits filled B's CPU tier (on_hit: fill); copying them on to the remote tier
+    # found them there and sent nothing.
+    assert len(b.manager.stack[0].index) > 0
+    assert b.stores["redis"].skipped_writes > 0  # type: ignore[attr-defined]
     b.close()
 
 

@@ -281,3 +281,31 @@ class TestRedisClusterSplit(_RedisSplit):
     @pytest.fixture(autouse=True)
     def _cluster(self, cluster: RedisCluster) -> None:  # noqa: F811
         self.url = cluster.url
+
+
+def test_network_jobs_have_their_own_queue(server):  # noqa: F811
+    """Remote I/O never waits behind disk I/O (nor disk behind a slow server)."""
+    from kvtier.jobs import TransferJob
+    from kvtier.tiers.memory import DictStore
+    from kvtier.transfer import KVRegions, TransferEngine
+
+    kv = [torch.zeros(8, 64, dtype=torch.uint8)]
+    remote = RemoteStore(
+        RemoteClient(parse_remote_url(server.url)), KeySpace(NAMESPACE), 64, b"n" * 16
+    )
+    stores = {"cpu": DictStore(8, 64), "disk": DictStore(8, 64), "redis": remote}
+    engine = TransferEngine(KVRegions.from_tensors(kv, 8), stores, 1)
+    try:
+
+        def job(kind, tier, dst=""):
+            return TransferJob(0, "r", kind, tier, False, [b"k" * 16], [0], [0], dst_tier=dst)
+
+        net = engine._net
+        assert net is not None
+        assert engine._queue_of(job("load", "redis")) is net
+        assert engine._queue_of(job("copy", "cpu", "redis")) is net
+        assert engine._queue_of(job("load", "disk")) is engine._io
+        assert engine._queue_of(job("copy", "cpu", "disk")) is engine._io
+        assert engine._queue_of(job("store", "cpu")) is engine._normal
+    finally:
+        engine.close()
