@@ -1,4 +1,4 @@
-"""The ``kvtier`` command: ``bench``, ``sim`` and ``inspect``.
+"""The ``kvtier`` command: ``bench``, ``sim``, ``soak`` and ``inspect``.
 
 User mistakes (unknown model path, workload, bad size string...) end in one clear line
 and exit status 2, not a traceback.
@@ -56,6 +56,17 @@ def _inspect(args: argparse.Namespace) -> int:
         raise ConfigError(f"inspect: {args.path} is not a directory")
     print(json.dumps(info, indent=2) if args.json else format_inspect(info))
     return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from kvtier.soak.run import SoakOptions, run_soak
+
+    opts = SoakOptions(requests=args.requests, seed=args.seed, out=args.out, json=args.json)
+    report = run_soak(opts)
+    s = report["summary"]
+    clean = not (s["wrong_outputs"] or s["failed_requests"] or s["crashes"])
+    clean = clean and not (s["leaked_slots"] or s["leaked_pins"] or s["leaked_jobs"])
+    return 0 if clean else 1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -121,6 +132,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None, metavar="PATH")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=_sim)
+
+    k = sub.add_parser("soak", help="mixed traffic with random faults against an oracle")
+    k.add_argument("--requests", type=int, default=1000, help="about this many requests")
+    k.add_argument("--seed", type=int, default=0, help="seed of the traffic and the faults")
+    k.add_argument("--out", default="soak-results", help="directory for engine logs")
+    k.add_argument("--json", default=None, metavar="PATH", help="default: OUT/soak.json")
+    k.set_defaults(func=_soak)
 
     i = sub.add_parser("inspect", help="what a disk tier directory holds (headers only)")
     i.add_argument("path")

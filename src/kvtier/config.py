@@ -109,8 +109,11 @@ class KVTierConfig:
 
     fault_injection: Mapping[str, Any] | None = None
     """Testing only: make tier reads/writes fail on purpose, e.g. {"seed": 1,
-    "read_fail_rate": 0.2} or {"fail_all_reads": true}. Keys: seed, read_fail_rate,
-    write_fail_rate, fail_all_reads, fail_all_writes. None (default) injects nothing."""
+    "read_fail_rate": 0.2} or {"fail_all_reads": true}. Keys (CPU tier): seed,
+    read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes, slow_rate (probability
+    that a copy is slow), slow_seconds (how slow, at most 1 s), rows (keep the batched row
+    path: faults fail whole row copies); "disk": a mapping of the same keys for the disk
+    tier's store. None (default) injects nothing."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
@@ -183,12 +186,16 @@ def _opt_path(value: object, name: str) -> str | None:
     raise ConfigError(f"{name}: expected a directory path or null, got {value!r}")
 
 
-_FAULT_KEYS = {
+_FAULT_KEYS: dict[str, type] = {
     "seed": int,
     "read_fail_rate": float,
     "write_fail_rate": float,
     "fail_all_reads": bool,
     "fail_all_writes": bool,
+    "slow_rate": float,
+    "slow_seconds": float,
+    "rows": bool,
+    "disk": dict,
 }
 
 
@@ -200,6 +207,11 @@ def _faults(value: object, name: str) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for key, v in value.items():
         kind = _FAULT_KEYS.get(key)
+        if kind is dict and name.endswith(".disk"):
+            kind = None  # no nesting below "disk"
+        if kind is dict:
+            out[key] = _faults(v, f"{name}.{key}")
+            continue
         if kind is None:
             raise ConfigError(
                 f"{name}: unknown key {key!r}; accepted keys: {', '.join(sorted(_FAULT_KEYS))}"

@@ -331,14 +331,18 @@ class KVTierConnector(KVConnectorBase_V1):
                 s.chunk_bytes,
             )
         store: SlotStore = CpuSlab(s.num_slots, regions.row_bytes, s.blocks_per_chunk)
-        if s.config.fault_injection:
-            store = FaultyStore(store, FaultPlan(**s.config.fault_injection))
+        faults = dict(s.config.fault_injection or {})
+        disk_faults = faults.pop("disk", None)
+        if faults:
+            store = FaultyStore(store, FaultPlan(**faults))
         stores: dict[str, SlotStore] = {"cpu": store}
         disk_dir = s.disk_dir(_tp_rank())
         if disk_dir is not None:
             stores["disk"] = DiskSlab(
                 disk_dir, s.disk_slots, slot_bytes, s.namespace.digest(), s.config.disk_threads
             )
+            if disk_faults:
+                stores["disk"] = FaultyStore(stores["disk"], FaultPlan(**disk_faults))
         engine = TransferEngine(regions, stores, s.blocks_per_chunk)
         self.worker = WorkerSide(engine)
         log.info(
