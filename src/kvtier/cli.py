@@ -61,8 +61,17 @@ def _inspect(args: argparse.Namespace) -> int:
 def _soak(args: argparse.Namespace) -> int:
     from kvtier.soak.run import SoakOptions, run_soak
 
-    opts = SoakOptions(requests=args.requests, seed=args.seed, out=args.out, json=args.json)
+    opts = SoakOptions(
+        requests=args.requests,
+        seed=args.seed,
+        out=args.out,
+        json=args.json,
+        oracle=args.oracle,
+        oracle_only=args.oracle_only,
+    )
     report = run_soak(opts)
+    if opts.oracle_only:
+        return 0
     s = report["summary"]
     clean = not (s["wrong_outputs"] or s["failed_requests"] or s["crashes"])
     clean = clean and not (s["leaked_slots"] or s["leaked_pins"] or s["leaked_jobs"])
@@ -138,6 +147,15 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--seed", type=int, default=0, help="seed of the traffic and the faults")
     k.add_argument("--out", default="soak-results", help="directory for engine logs")
     k.add_argument("--json", default=None, metavar="PATH", help="default: OUT/soak.json")
+    k.add_argument(
+        "--oracle",
+        default=None,
+        metavar="PATH",
+        help="oracle results: reused when they match this workload, else saved there",
+    )
+    k.add_argument(
+        "--oracle-only", action="store_true", help="only run (and save) the oracle engine"
+    )
     k.set_defaults(func=_soak)
 
     i = sub.add_parser("inspect", help="what a disk tier directory holds (headers only)")

@@ -125,11 +125,14 @@ class DiskFaultInjector:
         files = list_slab_files(self.path)
         if geo is None or not files:
             return False
-        file = self.path / slab_file_name(self._rng.choice(files))
-        size = file.stat().st_size
-        slots = (size - geo.header_area) // geo.stride
-        if slots <= 1:
+        sized = [
+            (f, (f.stat().st_size - geo.header_area) // geo.stride)
+            for f in (self.path / slab_file_name(fi) for fi in files)
+        ]
+        sized = [(f, n) for f, n in sized if n > 1]
+        if not sized:
             return False
+        file, slots = self._rng.choice(sized)
         keep = self._rng.randrange(slots // 2, slots)  # cut the tail: the newest slots
         # Cut inside the slot, so its payload comes up short too.
         os.truncate(file, geo.payload_offset(keep) + geo.slot_bytes // 2)

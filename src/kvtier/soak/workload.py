@@ -33,10 +33,12 @@ class RoundShape:
     turns: int = 3
     qa: int = 12
     trace: int = 12
+    trace_tokens: int = 96
+    """Trace prompts are cut to this many tokens."""
     no_reuse: int = 6
     burst: int = 6
     long: int = 2
-    doc_tokens: int = 120
+    doc_tokens: int = 48
     max_tokens: int = 4
     long_tokens: int = 48
     abort_rate: float = 0.15
@@ -60,7 +62,7 @@ def build_rounds(model_dir: str, rounds: int, seed: int, shape: RoundShape) -> l
             seed=seed,
             max_tokens=shape.max_tokens,
             trace_block=16,
-            max_prompt_tokens=256,
+            max_prompt_tokens=shape.trace_tokens,
         ),
     ).requests
     docs = [document_text(model_dir, 700 + d, shape.doc_tokens) for d in range(shape.qa_documents)]
