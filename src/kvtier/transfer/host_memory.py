@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23
 """Linux >= 5.14: fault pages in writable without changing their contents."""
 MADV_HUGEPAGE = 14
+CUDA_HOST_REGISTER_PORTABLE = 1
 SLICE_BYTES = 16 << 20
 """Bytes made ready per step of the background thread: small enough that a stop request is
 honoured (and the address-space lock released) within milliseconds, large enough that the
@@ -168,7 +169,9 @@ class HostBuffer:
 
     def _register(self, off: int, length: int) -> bool:
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-        err = cudart.cudaHostRegister(self.address + off, length, 0)
+        # Portable: pinned for every CUDA context, whichever device this thread has current
+        # (a new thread starts on device 0; the engine may run on another).
+        err = cudart.cudaHostRegister(self.address + off, length, CUDA_HOST_REGISTER_PORTABLE)
         code = int(getattr(err, "value", err))
         if code != 0:
             log.warning(
