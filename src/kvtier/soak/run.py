@@ -58,7 +58,7 @@ class SoakOptions:
     disk_fault_interval: float = 1.5
     """Mean seconds between two real faults on the disk tier's files."""
     slow_seconds: float = 0.05
-    device_blocks: int = 24
+    device_blocks: int = 16
     """The engine's own KV cache (blocks of 32 tokens): small, so vLLM preempts."""
     warmup_rounds: int = 1
     """Rounds before the resident-memory reference point."""
