@@ -76,7 +76,7 @@ Tick = Callable[[int], None]
 """Progress callback: called with a number of requests just replayed."""
 
 _TICK_EVERY = 256
-_POLICY_RE = re.compile(r"^(lru|arc)(?:-seen(\d+))?$")
+_POLICY_RE = re.compile(r"^(lru|arc|chain-arc)(?:-seen(\d+))?$")
 
 
 # -- policies ------------------------------------------------------------------------------
@@ -149,6 +149,8 @@ def replay_index(
     for i, keys in enumerate(trace.keys):
         if filtering:
             admission.observe(keys)
+        for index in indexes:  # once per request, as the manager's lookup does
+            index.observe(keys)
         ntok = trace.tokens[i]
         covered = 0
         for t, index in enumerate(indexes):
@@ -354,15 +356,26 @@ def run_sim(
         raise ConfigError("policies: at least one policy is needed")
     if not capacities:
         raise ConfigError("capacities: at least one configuration is needed")
-    configs = [
-        tier_capacities(c, tiers, block_tokens=block_tokens, bytes_per_token=bytes_per_token)
-        for c in capacities
-    ]
+    def resolve(unique_tokens: int | None) -> list[tuple[TierCapacity, ...]]:
+        return [
+            tier_capacities(
+                c,
+                tiers,
+                block_tokens=block_tokens,
+                bytes_per_token=bytes_per_token,
+                unique_tokens=unique_tokens,
+            )
+            for c in capacities
+        ]
+
+    if not any("%" in str(c) for c in capacities):
+        resolve(None)  # a bad capacity fails before the trace is read
     t0 = time.perf_counter()
     trace = load_trace(
         trace_path, limit=limit, block_tokens=block_tokens, trace_block_tokens=trace_block_tokens
     )
     load_seconds = time.perf_counter() - t0
+    configs = resolve(trace.unique_blocks * block_tokens)
     # A Belady run replays once per tier (cumulative sizes); the others once.
     work = sum(len(c) if s.kind == "belady" else 1 for c in configs for s in specs)
     bar = _progress_bar(work * len(trace.keys), progress)
@@ -382,6 +395,7 @@ def run_sim(
         "requests": len(trace.keys),
         "blocks": trace.num_blocks,
         "input_tokens": trace.input_tokens,
+        "unique_blocks": trace.unique_blocks,
         "block_tokens": block_tokens,
         "bytes_per_token": bytes_per_token,
         "load_seconds": round(load_seconds, 4),
