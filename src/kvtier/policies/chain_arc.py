@@ -14,9 +14,9 @@ This variant changes the bookkeeping, not ARC's choices:
   parent is in T2. So T1 -> T2 order meets leaves first.
 - *Parking*: a key the tier passed over because it still has children (``defer``) leaves
   the candidate order; when its last child goes (``on_leaf``) it returns to the LRU end of
-  its list, where ARC would have found it (the most recent end if it was used meanwhile).
-  A key is passed over at most once per time it becomes inner, so eviction is O(1)
-  amortised.
+  its list, where ARC would have found it, or at the most recent end if it was used or
+  touched meanwhile (a parked T1 key that is used moves to T2). A key is passed over at
+  most once per time it becomes inner, so eviction is O(1) amortised.
 
 Reuse is counted once per request (``observe``); ``touch`` only refreshes recency.
 """

@@ -238,7 +238,9 @@ def generate(
         next_seg += 1
         return next_seg
 
-    systems = [(new_segment(), size) for size in shape.system_sizes for _ in range(shape.systems_per_size)]
+    systems = [
+        (new_segment(), size) for size in shape.system_sizes for _ in range(shape.systems_per_size)
+    ]
     rng.shuffle(systems)  # popularity rank independent of size
     sys_weights = _zipf_weights(len(systems), shape.system_skew)
     turn_counts = list(range(1, shape.turns_max + 1))

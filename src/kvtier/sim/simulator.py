@@ -47,9 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import Key
 from kvtier.policies import AdmissionPolicy, make_admission_policy, make_eviction_policy
+from kvtier.policies.defaults import admission_policy, tier_eviction_policy
 from kvtier.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     CapacityConfig,
@@ -60,6 +62,7 @@ from kvtier.sim.trace import TRACE_BLOCK_TOKENS, Trace, load_trace
 from kvtier.tiers.index import SlotIndex
 
 DEFAULT_POLICIES: tuple[str, ...] = (
+    "default",
     "lru",
     "lru-seen2",
     "arc",
@@ -85,7 +88,8 @@ _POLICY_RE = re.compile(r"^(lru|arc|chain-arc)(?:-seen(\d+))?$")
 @dataclass(frozen=True, slots=True)
 class PolicySpec:
     """A simulated policy: ``kind`` is "index" (a kvtier eviction policy with admission
-    ``min_seen``), "belady" or "infinite"."""
+    ``min_seen``), "default" (what the connector builds from a default config), "belady"
+    or "infinite"."""
 
     name: str
     kind: str
@@ -94,16 +98,17 @@ class PolicySpec:
 
 
 def parse_policy(name: str) -> PolicySpec:
-    """``lru``, ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``,
-    ``infinite``."""
+    """``default`` (the connector's default policies), ``lru``, ``arc``, ``chain-arc``,
+    ``lru-seen2`` (admission after 2 sightings), ``belady``, ``infinite``."""
     text = name.strip().lower()
-    if text in ("belady", "infinite"):
+    if text in ("belady", "infinite", "default"):
         return PolicySpec(text, text)
     m = _POLICY_RE.match(text)
     if m is None:
         raise ConfigError(
-            f"policy: unknown policy {name!r}; accepted: lru, arc, lru-seenN, arc-seenN "
-            "(admit a chunk once seen N times), belady, infinite"
+            f"policy: unknown policy {name!r}; accepted: default, lru, arc, chain-arc, "
+            "lru-seenN, arc-seenN, chain-arc-seenN (admit a chunk once seen N times), "
+            "belady, infinite"
         )
     min_seen = int(m.group(2) or 1)
     if min_seen < 1:
@@ -132,14 +137,24 @@ def replay_index(
     *,
     tick: Tick | None = None,
     check: bool = False,
+    config: KVTierConfig | None = None,
 ) -> ReplayCounts:
     """Replay ``trace`` through kvtier's SlotIndex + eviction + admission policies.
 
-    ``slots[t]`` is tier t's capacity in blocks. ``check`` runs the index's invariant check
-    after every request (slow; for tests).
+    ``slots[t]`` is tier t's capacity in blocks. With ``config``, the policies are the ones
+    the connector builds from it (tier 0 is its CPU tier, tier 1 its disk tier;
+    ``eviction`` and ``min_seen`` are then ignored). ``check`` runs the index's invariant
+    check after every request (slow; for tests).
     """
-    indexes = [SlotIndex(n, make_eviction_policy(eviction, n)) for n in slots]
-    admission = make_admission_policy(min_seen)
+    if config is not None:
+        indexes = [
+            SlotIndex(n, tier_eviction_policy(config, "cpu" if t == 0 else "disk", n))
+            for t, n in enumerate(slots)
+        ]
+        admission = admission_policy(config, slots[0] if slots else 0)
+    else:
+        indexes = [SlotIndex(n, make_eviction_policy(eviction, n)) for n in slots]
+        admission = make_admission_policy(min_seen)
     # The base policy admits everything and ignores observations: skip the calls.
     filtering = type(admission) is not AdmissionPolicy
     n_tiers = len(indexes)
@@ -288,6 +303,8 @@ class _Runner:
         slots = [t.slots for t in tiers]
         if spec.kind == "index":
             return replay_index(self.trace, slots, spec.eviction, spec.min_seen, tick=self.tick)
+        if spec.kind == "default":
+            return replay_index(self.trace, slots, "", config=KVTierConfig(), tick=self.tick)
         if spec.kind == "belady":
             return self._belady_tiers(slots)
         return self._infinite_tiers(len(slots))
@@ -356,6 +373,7 @@ def run_sim(
         raise ConfigError("policies: at least one policy is needed")
     if not capacities:
         raise ConfigError("capacities: at least one configuration is needed")
+
     def resolve(unique_tokens: int | None) -> list[tuple[TierCapacity, ...]]:
         return [
             tier_capacities(
