@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kvtier.config import EVICTION_POLICIES, KVTierConfig, SyncBudget
 from kvtier.keys import Key, chunk_keys
 from kvtier.policies import make_eviction_policy
+from kvtier.policies.adaptive import AdaptivePolicy
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import ARCPolicy
 from kvtier.sim import load_trace
@@ -54,6 +55,7 @@ def test_policies_never_evict_pinned_in_flight_or_inner_keys(sequence, capacity,
         if op in ("store", "begin"):
             present = idx.prefix_len(keys, any_state=True)
             todo = keys[present:n]
+            todo = todo[: idx.policy.admit_chain(todo)]  # as the manager's first tier
             slots = idx.reserve(todo, keys[present - 1] if present else None)
             if op == "store":
                 idx.commit(todo[: len(slots)], [True] * len(slots))
@@ -131,13 +133,38 @@ def test_manager_observes_each_request_once():
         e.close()
 
 
-def test_default_config_uses_chain_arc():
-    assert KVTierConfig().eviction == "chain-arc"
+def test_default_config_uses_the_adaptive_policy():
+    assert KVTierConfig().eviction == "adaptive"
     e = MiniEngine(KVTierConfig(chunk_tokens=8))
     try:
-        assert all(type(t.index.policy) is ChainARCPolicy for t in e.manager.tiers)
+        assert all(type(t.index.policy) is AdaptivePolicy for t in e.manager.tiers)
     finally:
         e.close()
+
+
+def test_adaptive_refuses_first_sightings_only_while_recency_does_not_pay():
+    a, b, c = (chunk_keys([i] * 32, 8, b"adm") for i in range(3))  # 3 chains of 4
+    pol = AdaptivePolicy(8)
+    idx = SlotIndex(8, pol)
+    for keys in (a, b):  # room left: everything is stored
+        idx.observe(keys)
+        assert pol.admit_chain(keys) == 4
+        idx.reserve(keys, None)
+        idx.commit(keys, [True] * 4)
+    assert len(idx) == 8 and pol.p == 0
+    idx.observe(c)
+    for _ in range(3):  # full, p == 0: c is refused, however often its request asks
+        assert pol.admit_chain(c) == 0
+    assert pol.refused == 4
+    idx.observe(c)  # another request wants c: now it is stored, and p grows
+    assert pol.admit_chain(c) == 4
+    idx.reserve(c, None)
+    idx.commit(c, [True] * 4)
+    assert pol.p > 0 and idx.prefix_len(c) == 4
+    idx.check()
+    d = chunk_keys([9] * 32, 8, b"adm")
+    idx.observe(d)
+    assert pol.admit_chain(d) == 4  # recency pays now: first sightings are stored again
 
 
 # -- no repeated scans ---------------------------------------------------------------------

@@ -16,9 +16,9 @@ from typing import Any, Literal
 from kvtier.errors import ConfigError
 from kvtier.units import parse_size
 
-EvictionName = Literal["chain-arc", "lru", "arc"]
+EvictionName = Literal["adaptive", "chain-arc", "lru", "arc"]
 WritePolicy = Literal["write-through", "write-back"]
-EVICTION_POLICIES: tuple[str, ...] = ("chain-arc", "lru", "arc")
+EVICTION_POLICIES: tuple[str, ...] = ("adaptive", "chain-arc", "lru", "arc")
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
 
 
@@ -67,10 +67,14 @@ class KVTierConfig:
     cpu_bytes: int = 4 << 30
     """Capacity of the CPU tier in bytes (per device). The slab is allocated once at start."""
 
-    eviction: EvictionName = "chain-arc"
+    eviction: EvictionName = "adaptive"
     """Eviction policy of the CPU tier (and of the disk tier unless ``disk_eviction`` is
-    set): "chain-arc" (default; ARC adapted to prefix trees, reuse counted once per
-    request, see :mod:`kvtier.policies.chain_arc`), "lru", or "arc" (classic ARC)."""
+    set): "adaptive" (default: chain-arc that also stops storing chains seen for the first
+    time while its ghosts show they do not come back in time, see
+    :mod:`kvtier.policies.adaptive`), "chain-arc" (ARC adapted to prefix trees, reuse
+    counted once per request, :mod:`kvtier.policies.chain_arc`), "lru", or "arc" (classic
+    ARC). Only the CPU tier's policy decides admission; the disk tier takes what the CPU
+    tier stores (write-through) or evicts (write-back)."""
 
     disk_eviction: EvictionName | None = None
     """Eviction policy of the disk tier; None (default) uses ``eviction``."""

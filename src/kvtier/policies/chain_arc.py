@@ -25,9 +25,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
 
 from kvtier.keys import Key
 from kvtier.policies.eviction import ARCPolicy
+
+_NOT_PARKED = (False, False)
 
 
 class ChainARCPolicy(ARCPolicy):
@@ -80,20 +83,34 @@ class ChainARCPolicy(ARCPolicy):
 
     def observe(self, keys: Sequence[Key], held: int) -> None:
         t1, t2, parked = self.t1, self.t2, self.parked
-        # The held prefix is [T2 part][T1 part] (T2 is ancestor-closed): promote the T1 part
-        # tail first, then refresh the T2 part tail first, in one C-level pass when it can.
-        j = held
-        while j > 0 and keys[j - 1] not in t2:
-            j -= 1
-        for key in reversed(keys[j:held]):
-            if key in t1:
-                del t1[key]
-                t2[key] = None
-            elif key in parked:
-                self._parked_t1 -= not parked[key][0]
-                parked[key] = (True, True)
-        if j:
-            self._refresh(keys[j - 1 :: -1])
+        # The held prefix is [T2 part][T1 part] (T2 is ancestor-closed), so the boundary is
+        # a binary search. Promote the T1 part, then refresh the T2 part, both tail first
+        # (ancestors end up the most recent) and in C-level passes when they can.
+        lo, hi = 0, held
+        while lo < hi:
+            mid = (lo + hi) // 2
+            k = keys[mid]
+            if k in t2 or parked.get(k, _NOT_PARKED)[0]:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < held:
+            tail = keys[held - 1 : lo - 1 if lo else None : -1]
+            try:
+                deque(map(t1.__delitem__, tail), maxlen=0)
+                deque(map(t2.__setitem__, tail, repeat(None)), maxlen=0)
+            except KeyError:  # parked keys among them: one by one
+                for key in tail:
+                    if key in t1:
+                        t1.pop(key)
+                        t2[key] = None
+                    elif key in parked:
+                        self._parked_t1 -= not parked[key][0]
+                        parked[key] = (True, True)
+                    elif key in t2:
+                        t2.move_to_end(key)
+        if lo:
+            self._refresh(keys[lo - 1 :: -1])
 
     def touch(self, key: Key) -> None:
         if key in self.t1:

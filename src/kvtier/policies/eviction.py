@@ -60,6 +60,13 @@ class EvictionPolicy(ABC):
         for key in reversed(keys):
             self.insert(key)
 
+    def admit_chain(self, keys: Sequence[Key]) -> int:
+        """How many leading ``keys`` (a chain the tier lacks, about to be stored) are worth
+        storing now; the first tier's store planner stores only those. A request may ask
+        again on every engine step: the answer must change only through ``observe`` (other
+        requests), never through asking again. Default: all of them."""
+        return len(keys)
+
     def observe(self, keys: Sequence[Key], held: int) -> None:
         """One request uses this chain: ``keys`` are all its chunk keys, root first, of
         which the first ``held`` are stored (READY) in this tier. Called once per request,
@@ -133,7 +140,8 @@ class ARCPolicy(EvictionPolicy):
         self.p = 0.0
         self.t1: OrderedDict[Key, None] = OrderedDict()
         self.t2: OrderedDict[Key, None] = OrderedDict()
-        self.b1: OrderedDict[Key, None] = OrderedDict()
+        self.b1: OrderedDict[Key, int | None] = OrderedDict()
+        """Ghosts of T1 (value None); subclasses may mark entries with small ints."""
         self.b2: OrderedDict[Key, None] = OrderedDict()
 
     def insert(self, key: Key) -> None:
@@ -192,7 +200,7 @@ class ARCPolicy(EvictionPolicy):
 
 
 def make_eviction_policy(name: str, capacity: int) -> EvictionPolicy:
-    """Build a policy by name ("lru" or "arc")."""
+    """Build a policy by name: "adaptive", "chain-arc", "lru" or "arc"."""
     if name == "lru":
         return LRUPolicy(capacity)
     if name == "arc":
@@ -201,4 +209,10 @@ def make_eviction_policy(name: str, capacity: int) -> EvictionPolicy:
         from kvtier.policies.chain_arc import ChainARCPolicy
 
         return ChainARCPolicy(capacity)
-    raise ConfigError(f"eviction: unknown policy {name!r}; accepted values: lru, arc")
+    if name == "adaptive":
+        from kvtier.policies.adaptive import AdaptivePolicy
+
+        return AdaptivePolicy(capacity)
+    raise ConfigError(
+        f"eviction: unknown policy {name!r}; accepted values: adaptive, chain-arc, lru, arc"
+    )

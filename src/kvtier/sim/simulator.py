@@ -79,7 +79,7 @@ Tick = Callable[[int], None]
 """Progress callback: called with a number of requests just replayed."""
 
 _TICK_EVERY = 256
-_POLICY_RE = re.compile(r"^(lru|arc|chain-arc)(?:-seen(\d+))?$")
+_POLICY_RE = re.compile(r"^(lru|arc|chain-arc|adaptive)(?:-seen(\d+))?$")
 
 
 # -- policies ------------------------------------------------------------------------------
@@ -98,17 +98,16 @@ class PolicySpec:
 
 
 def parse_policy(name: str) -> PolicySpec:
-    """``default`` (the connector's default policies), ``lru``, ``arc``, ``chain-arc``,
-    ``lru-seen2`` (admission after 2 sightings), ``belady``, ``infinite``."""
+    """``default`` (the connector's default policies), ``adaptive``, ``chain-arc``, ``lru``,
+    ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``, ``infinite``."""
     text = name.strip().lower()
     if text in ("belady", "infinite", "default"):
         return PolicySpec(text, text)
     m = _POLICY_RE.match(text)
     if m is None:
         raise ConfigError(
-            f"policy: unknown policy {name!r}; accepted: default, lru, arc, chain-arc, "
-            "lru-seenN, arc-seenN, chain-arc-seenN (admit a chunk once seen N times), "
-            "belady, infinite"
+            f"policy: unknown policy {name!r}; accepted: default, adaptive, chain-arc, lru, "
+            "arc, NAME-seenN (admit a chunk once seen N times), belady, infinite"
         )
     min_seen = int(m.group(2) or 1)
     if min_seen < 1:
@@ -179,8 +178,9 @@ def replay_index(
             held = index.prefix_len(keys)
             if held:
                 index.touch(keys[:held])
-        for index in indexes:
-            _store(index, keys, admission if filtering else None)
+        for t, index in enumerate(indexes):
+            # Only the first tier's stores ask its policy (the manager copies to the next).
+            _store(index, keys, admission if filtering else None, policy_admits=t == 0)
             if check:
                 index.check()
         if tick is not None and (i + 1) % _TICK_EVERY == 0:
@@ -190,10 +190,17 @@ def replay_index(
     return ReplayCounts(hit_blocks, hit_tokens, [index.evictions for index in indexes])
 
 
-def _store(index: SlotIndex, keys: list[Key], admission: AdmissionPolicy | None) -> int:
+def _store(
+    index: SlotIndex,
+    keys: list[Key],
+    admission: AdmissionPolicy | None,
+    *,
+    policy_admits: bool = True,
+) -> int:
     """Store the chunks of ``keys`` the tier lacks, as the manager's store planner does:
-    the admitted run after the present prefix, reserved in one call, then committed.
-    Returns the number of chunks stored."""
+    the admitted run after the present prefix (cut further by the tier's eviction policy
+    when ``policy_admits``, as for the manager's first tier), reserved in one call, then
+    committed. Returns the number of chunks stored."""
     present = index.prefix_len(keys, any_state=True)
     if present >= len(keys):
         return 0
@@ -203,8 +210,10 @@ def _store(index: SlotIndex, keys: list[Key], admission: AdmissionPolicy | None)
         while admitted < len(todo) and admission.admit(todo[admitted]):
             admitted += 1
         todo = todo[:admitted]
-        if not todo:
-            return 0
+    if policy_admits:
+        todo = todo[: index.policy.admit_chain(todo)]
+    if not todo:
+        return 0
     slots = index.reserve(todo, keys[present - 1] if present else None)
     if slots:
         index.commit(todo[: len(slots)], [True] * len(slots))
