@@ -385,7 +385,9 @@ class CacheManager:
         admitted = 0
         while admitted < len(todo) and self.admission.admit(todo[admitted]):
             admitted += 1
-        todo = todo[: tier.index.policy.admit_chain(todo[:admitted])]
+        todo = todo[:admitted]
+        if len(self.tiers) == 1:  # a next tier takes what this one stores: store it all
+            todo = todo[: tier.index.policy.admit_chain(todo)]
         before = tier.index.evictions
         slots = tier.index.reserve(todo, keys[present - 1] if present else None)
         self.metrics.inc("evictions", tier.index.evictions - before, tier.name)

@@ -11,6 +11,11 @@ reopens admission once refusals start to cost hits. A large cache, where first s
 come back while still held, keeps ``p`` above 0 and stores everything, as LRU does; a small
 one under one-shot traffic keeps its slots for chains that proved reusable.
 
+Admission applies to a single-tier deployment only: with a disk tier, what the CPU tier
+stores is what reaches the disk (write-through copies, write-back demotions), so the manager
+stores every chain and the larger tier's capacity decides; the policy then acts as
+chain-arc.
+
 Refusal is per chain, sticky per request: :meth:`admit_chain` refuses the whole tail of a
 chain at its first new key and records it; the same request asking again (each engine
 step) gets the same answer until another request's :meth:`observe` sees the chain again.

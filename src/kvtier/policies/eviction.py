@@ -62,7 +62,8 @@ class EvictionPolicy(ABC):
 
     def admit_chain(self, keys: Sequence[Key]) -> int:
         """How many leading ``keys`` (a chain the tier lacks, about to be stored) are worth
-        storing now; the first tier's store planner stores only those. A request may ask
+        storing now; the store planner stores only those (asked only when the tier is the
+        only one: a next tier gets what this one stores). A request may ask
         again on every engine step: the answer must change only through ``observe`` (other
         requests), never through asking again. Default: all of them."""
         return len(keys)

@@ -178,9 +178,10 @@ def replay_index(
             held = index.prefix_len(keys)
             if held:
                 index.touch(keys[:held])
-        for t, index in enumerate(indexes):
-            # Only the first tier's stores ask its policy (the manager copies to the next).
-            _store(index, keys, admission if filtering else None, policy_admits=t == 0)
+        for index in indexes:
+            # As in the manager, a tier's policy decides admission only when it is the only
+            # tier (with a next tier, the first one stores everything the next one needs).
+            _store(index, keys, admission if filtering else None, policy_admits=n_tiers == 1)
             if check:
                 index.check()
         if tick is not None and (i + 1) % _TICK_EVERY == 0:
