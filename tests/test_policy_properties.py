@@ -204,3 +204,19 @@ def test_chain_arc_does_not_rescan_inner_keys(tmp_path):
     chain = offered_per_eviction(ChainARCPolicy(slots), path)
     assert chain < 2.0, chain
     assert arc > 10 * chain, (arc, chain)
+
+
+def test_observe_promotes_a_prefix_holding_a_parked_key():
+    """The C-level promotion pass stops at a parked key; nothing it moved may be lost."""
+    (a,) = [chunk_keys(list(range(32)), 8, b"park")]
+    pol = ChainARCPolicy(8)
+    idx = SlotIndex(8, pol)
+    idx.reserve(a, None)
+    idx.commit(a, [True] * 4)
+    pol.defer([a[1]])  # as the index does when it passes over an inner key
+    idx.observe(a)
+    assert set(pol.t2) == {a[0], a[2], a[3]} and pol.parked == {a[1]: (True, True)}
+    idx.check()
+    idx.invalidate(a[2])  # a[1] becomes a leaf: back into T2, at its most recent end
+    assert list(pol.t2)[-1] == a[1] and not pol.parked
+    idx.check()

@@ -99,15 +99,15 @@ class ChainARCPolicy(ARCPolicy):
             try:
                 deque(map(t1.__delitem__, tail), maxlen=0)
                 deque(map(t2.__setitem__, tail, repeat(None)), maxlen=0)
-            except KeyError:  # parked keys among them: one by one
+            except KeyError:  # a parked key among them: one by one (every tail key is
+                # stored, so one found nowhere is one the pass above took out of T1)
                 for key in tail:
-                    if key in t1:
-                        t1.pop(key)
-                        t2[key] = None
-                    elif key in parked:
+                    if key in parked:
                         self._parked_t1 -= not parked[key][0]
                         parked[key] = (True, True)
-                    elif key in t2:
+                    else:
+                        t1.pop(key, None)
+                        t2[key] = None
                         t2.move_to_end(key)
         if lo:
             self._refresh(keys[lo - 1 :: -1])
