@@ -19,7 +19,7 @@ from kvtier.config import KVTierConfig
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, TierView
-from kvtier.policies import make_eviction_policy
+from kvtier.policies.defaults import tier_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers import CpuSlab, FaultPlan, FaultyStore, SlotIndex
 from kvtier.transfer import KVRegions, TransferEngine
@@ -69,11 +69,11 @@ class MiniEngine:
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
         layout = KVLayout.dense(LAYERS, HEADS, HD2 // 2, "int16")
-        index = SlotIndex(cpu_chunks, make_eviction_policy(config.eviction, cpu_chunks))
+        index = SlotIndex(cpu_chunks, tier_eviction_policy(config, "cpu", cpu_chunks))
         tiers = [TierView("cpu", HitSource.HOST, index)]
         ns = Namespace("mini", layout.digest())
         if disk_dir is not None:
-            disk_index = SlotIndex(disk_chunks, make_eviction_policy(config.eviction, disk_chunks))
+            disk_index = SlotIndex(disk_chunks, tier_eviction_policy(config, "disk", disk_chunks))
             tiers.append(TierView("disk", HitSource.DISK, disk_index))
         self.manager = CacheManager(config, layout, ns, block_tokens, tiers)
         regions = KVRegions.from_tensors(self.kv, num_blocks)

@@ -33,9 +33,19 @@ def _bench(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from kvtier.bench.workloads import DEFAULT_TRACE
     from kvtier.sim import format_sim, run_sim
+    from kvtier.sim.generate import parse_shape, write_trace
 
+    trace = args.trace or DEFAULT_TRACE
+    if args.generate:
+        if args.trace:
+            raise ConfigError("sim: give --trace or --generate, not both")
+        if not args.save_trace:
+            raise ConfigError("sim: --generate needs --save-trace PATH (where the trace goes)")
+        n = write_trace(args.save_trace, parse_shape(args.generate), args.seed)
+        print(f"generated {n:,} requests ({args.generate}, seed {args.seed}) -> {args.save_trace}")
+        trace = args.save_trace
     result = run_sim(
-        args.trace or DEFAULT_TRACE,
+        trace,
         _csv(args.capacity),
         policies=_csv(args.policies),
         limit=args.limit,
@@ -131,11 +141,26 @@ def parser() -> argparse.ArgumentParser:
         help="Mooncake-format JSONL trace (default: the bundled synthetic trace)",
     )
     s.add_argument(
+        "--generate",
+        default=None,
+        metavar="SHAPE",
+        help="generate a conversation-like trace instead: chat, agent, docs, skewed, "
+        "optionally with overrides (chat:sessions=200,think_s=30); needs --save-trace",
+    )
+    s.add_argument("--seed", type=int, default=0, help="seed of --generate")
+    s.add_argument("--save-trace", default=None, metavar="PATH", help="where --generate writes")
+    s.add_argument(
         "--capacity",
         default="1M,3M,10M",
-        help="comma list of capacities; tokens (3M) or bytes (8GiB); 1M+10M = CPU+disk",
+        help="comma list of capacities; tokens (3M), bytes (8GiB) or a share of the trace's "
+        "unique KV (5%%); 1M+10M = CPU+disk",
     )
-    s.add_argument("--policies", default="lru,arc,lru-seen2,belady,infinite")
+    s.add_argument(
+        "--policies",
+        default="default,lru,arc,lru-seen2,belady,infinite",
+        help="comma list of default (the connector's), lru, arc, chain-arc, lru-seenN, "
+        "belady, infinite",
+    )
     s.add_argument("--limit", type=int, default=None, help="first N requests only")
     s.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
     s.add_argument("--json", default=None, metavar="PATH")

@@ -16,9 +16,9 @@ from typing import Any, Literal
 from kvtier.errors import ConfigError
 from kvtier.units import parse_size
 
-EvictionName = Literal["lru", "arc"]
+EvictionName = Literal["adaptive", "chain-arc", "lru", "arc"]
 WritePolicy = Literal["write-through", "write-back"]
-EVICTION_POLICIES: tuple[str, ...] = ("lru", "arc")
+EVICTION_POLICIES: tuple[str, ...] = ("adaptive", "chain-arc", "lru", "arc")
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
 
 
@@ -67,8 +67,17 @@ class KVTierConfig:
     cpu_bytes: int = 4 << 30
     """Capacity of the CPU tier in bytes (per device). The slab is allocated once at start."""
 
-    eviction: EvictionName = "lru"
-    """Eviction policy of the CPU and disk tiers: "lru" or "arc"."""
+    eviction: EvictionName = "adaptive"
+    """Eviction policy of the CPU tier (and of the disk tier unless ``disk_eviction`` is
+    set): "adaptive" (default: chain-arc that also stops storing chains seen for the first
+    time while its ghosts show they do not come back in time, see
+    :mod:`kvtier.policies.adaptive`), "chain-arc" (ARC adapted to prefix trees, reuse
+    counted once per request, :mod:`kvtier.policies.chain_arc`), "lru", or "arc" (classic
+    ARC). Only the CPU tier's policy decides admission; the disk tier takes what the CPU
+    tier stores (write-through) or evicts (write-back)."""
+
+    disk_eviction: EvictionName | None = None
+    """Eviction policy of the disk tier; None (default) uses ``eviction``."""
 
     admission_min_seen: int = 1
     """Store a chunk only once it has been seen in at least this many lookups (1 = always)."""
@@ -166,6 +175,15 @@ def _choice(choices: tuple[str, ...]) -> Any:
     return parse
 
 
+def _opt_choice(choices: tuple[str, ...]) -> Any:
+    parse = _choice(choices)
+
+    def parse_opt(value: object, name: str) -> str | None:
+        return None if value is None else parse(value, name)
+
+    return parse_opt
+
+
 def _size(value: object, name: str) -> int:
     if not isinstance(value, (str, int, float)):
         raise ConfigError(f"{name}: expected a byte size such as '8GiB', got {value!r}")
@@ -237,6 +255,7 @@ _PARSERS: dict[str, Any] = {
     "chunk_tokens": _int(0),
     "cpu_bytes": _size,
     "eviction": _choice(EVICTION_POLICIES),
+    "disk_eviction": _opt_choice(EVICTION_POLICIES),
     "admission_min_seen": _int(1),
     "sync_budget": lambda v, n: SyncBudget.parse(v, name=n),
     "disk_path": _opt_path,

@@ -26,7 +26,7 @@ from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.keys import Key, KeyChain, Namespace
 from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
-from kvtier.policies.admission import make_admission_policy
+from kvtier.policies.defaults import admission_policy
 from kvtier.sources import HitRun, HitSource, hit_sources
 from kvtier.tiers.index import SlotIndex
 
@@ -136,10 +136,7 @@ class CacheManager:
         self.num_workers = num_workers
         self.metrics = metrics or Metrics()
         self.budget = BudgetTracker(config.sync_budget)
-        # Remember seen counts for a few times more keys than the first tier holds.
-        self.admission = make_admission_policy(
-            config.admission_min_seen, max_tracked=max(1 << 16, 4 * self.tiers[0].index.num_slots)
-        )
+        self.admission = admission_policy(config, self.tiers[0].index.num_slots)
         self.defer_on_inflight_loads = defer_on_inflight_loads
         self._reqs: dict[str, _Request] = {}
         self._jobs: dict[int, _Job] = {}
@@ -198,9 +195,11 @@ class CacheManager:
         if len(keys) <= first:
             req.hit = None
             return Hit(num_computed, num_computed, ())
-        if not req.observed:
+        if not req.observed:  # once per request: repeated lookups are not reuse
             req.observed = True
             self.admission.observe(keys)
+            for tier in self.tiers:
+                tier.index.observe(keys)
         runs: list[tuple[str, int, int]] = []
         covered = 0
         for tier in self.tiers:
@@ -387,6 +386,8 @@ class CacheManager:
         while admitted < len(todo) and self.admission.admit(todo[admitted]):
             admitted += 1
         todo = todo[:admitted]
+        if len(self.tiers) == 1:  # a next tier takes what this one stores: store it all
+            todo = todo[: tier.index.policy.admit_chain(todo)]
         before = tier.index.evictions
         slots = tier.index.reserve(todo, keys[present - 1] if present else None)
         self.metrics.inc("evictions", tier.index.evictions - before, tier.name)

@@ -47,9 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import Key
 from kvtier.policies import AdmissionPolicy, make_admission_policy, make_eviction_policy
+from kvtier.policies.defaults import admission_policy, tier_eviction_policy
 from kvtier.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     CapacityConfig,
@@ -60,6 +62,7 @@ from kvtier.sim.trace import TRACE_BLOCK_TOKENS, Trace, load_trace
 from kvtier.tiers.index import SlotIndex
 
 DEFAULT_POLICIES: tuple[str, ...] = (
+    "default",
     "lru",
     "lru-seen2",
     "arc",
@@ -76,7 +79,7 @@ Tick = Callable[[int], None]
 """Progress callback: called with a number of requests just replayed."""
 
 _TICK_EVERY = 256
-_POLICY_RE = re.compile(r"^(lru|arc)(?:-seen(\d+))?$")
+_POLICY_RE = re.compile(r"^(lru|arc|chain-arc|adaptive)(?:-seen(\d+))?$")
 
 
 # -- policies ------------------------------------------------------------------------------
@@ -85,7 +88,8 @@ _POLICY_RE = re.compile(r"^(lru|arc)(?:-seen(\d+))?$")
 @dataclass(frozen=True, slots=True)
 class PolicySpec:
     """A simulated policy: ``kind`` is "index" (a kvtier eviction policy with admission
-    ``min_seen``), "belady" or "infinite"."""
+    ``min_seen``), "default" (what the connector builds from a default config), "belady"
+    or "infinite"."""
 
     name: str
     kind: str
@@ -94,16 +98,16 @@ class PolicySpec:
 
 
 def parse_policy(name: str) -> PolicySpec:
-    """``lru``, ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``,
-    ``infinite``."""
+    """``default`` (the connector's default policies), ``adaptive``, ``chain-arc``, ``lru``,
+    ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``, ``infinite``."""
     text = name.strip().lower()
-    if text in ("belady", "infinite"):
+    if text in ("belady", "infinite", "default"):
         return PolicySpec(text, text)
     m = _POLICY_RE.match(text)
     if m is None:
         raise ConfigError(
-            f"policy: unknown policy {name!r}; accepted: lru, arc, lru-seenN, arc-seenN "
-            "(admit a chunk once seen N times), belady, infinite"
+            f"policy: unknown policy {name!r}; accepted: default, adaptive, chain-arc, lru, "
+            "arc, NAME-seenN (admit a chunk once seen N times), belady, infinite"
         )
     min_seen = int(m.group(2) or 1)
     if min_seen < 1:
@@ -132,14 +136,24 @@ def replay_index(
     *,
     tick: Tick | None = None,
     check: bool = False,
+    config: KVTierConfig | None = None,
 ) -> ReplayCounts:
     """Replay ``trace`` through kvtier's SlotIndex + eviction + admission policies.
 
-    ``slots[t]`` is tier t's capacity in blocks. ``check`` runs the index's invariant check
-    after every request (slow; for tests).
+    ``slots[t]`` is tier t's capacity in blocks. With ``config``, the policies are the ones
+    the connector builds from it (tier 0 is its CPU tier, tier 1 its disk tier;
+    ``eviction`` and ``min_seen`` are then ignored). ``check`` runs the index's invariant
+    check after every request (slow; for tests).
     """
-    indexes = [SlotIndex(n, make_eviction_policy(eviction, n)) for n in slots]
-    admission = make_admission_policy(min_seen)
+    if config is not None:
+        indexes = [
+            SlotIndex(n, tier_eviction_policy(config, "cpu" if t == 0 else "disk", n))
+            for t, n in enumerate(slots)
+        ]
+        admission = admission_policy(config, slots[0] if slots else 0)
+    else:
+        indexes = [SlotIndex(n, make_eviction_policy(eviction, n)) for n in slots]
+        admission = make_admission_policy(min_seen)
     # The base policy admits everything and ignores observations: skip the calls.
     filtering = type(admission) is not AdmissionPolicy
     n_tiers = len(indexes)
@@ -149,6 +163,8 @@ def replay_index(
     for i, keys in enumerate(trace.keys):
         if filtering:
             admission.observe(keys)
+        for index in indexes:  # once per request, as the manager's lookup does
+            index.observe(keys)
         ntok = trace.tokens[i]
         covered = 0
         for t, index in enumerate(indexes):
@@ -163,7 +179,9 @@ def replay_index(
             if held:
                 index.touch(keys[:held])
         for index in indexes:
-            _store(index, keys, admission if filtering else None)
+            # As in the manager, a tier's policy decides admission only when it is the only
+            # tier (with a next tier, the first one stores everything the next one needs).
+            _store(index, keys, admission if filtering else None, policy_admits=n_tiers == 1)
             if check:
                 index.check()
         if tick is not None and (i + 1) % _TICK_EVERY == 0:
@@ -173,10 +191,17 @@ def replay_index(
     return ReplayCounts(hit_blocks, hit_tokens, [index.evictions for index in indexes])
 
 
-def _store(index: SlotIndex, keys: list[Key], admission: AdmissionPolicy | None) -> int:
+def _store(
+    index: SlotIndex,
+    keys: list[Key],
+    admission: AdmissionPolicy | None,
+    *,
+    policy_admits: bool = True,
+) -> int:
     """Store the chunks of ``keys`` the tier lacks, as the manager's store planner does:
-    the admitted run after the present prefix, reserved in one call, then committed.
-    Returns the number of chunks stored."""
+    the admitted run after the present prefix (cut further by the tier's eviction policy
+    when ``policy_admits``, as for the manager's first tier), reserved in one call, then
+    committed. Returns the number of chunks stored."""
     present = index.prefix_len(keys, any_state=True)
     if present >= len(keys):
         return 0
@@ -186,8 +211,10 @@ def _store(index: SlotIndex, keys: list[Key], admission: AdmissionPolicy | None)
         while admitted < len(todo) and admission.admit(todo[admitted]):
             admitted += 1
         todo = todo[:admitted]
-        if not todo:
-            return 0
+    if policy_admits:
+        todo = todo[: index.policy.admit_chain(todo)]
+    if not todo:
+        return 0
     slots = index.reserve(todo, keys[present - 1] if present else None)
     if slots:
         index.commit(todo[: len(slots)], [True] * len(slots))
@@ -286,6 +313,8 @@ class _Runner:
         slots = [t.slots for t in tiers]
         if spec.kind == "index":
             return replay_index(self.trace, slots, spec.eviction, spec.min_seen, tick=self.tick)
+        if spec.kind == "default":
+            return replay_index(self.trace, slots, "", config=KVTierConfig(), tick=self.tick)
         if spec.kind == "belady":
             return self._belady_tiers(slots)
         return self._infinite_tiers(len(slots))
@@ -354,15 +383,27 @@ def run_sim(
         raise ConfigError("policies: at least one policy is needed")
     if not capacities:
         raise ConfigError("capacities: at least one configuration is needed")
-    configs = [
-        tier_capacities(c, tiers, block_tokens=block_tokens, bytes_per_token=bytes_per_token)
-        for c in capacities
-    ]
+
+    def resolve(unique_tokens: int | None) -> list[tuple[TierCapacity, ...]]:
+        return [
+            tier_capacities(
+                c,
+                tiers,
+                block_tokens=block_tokens,
+                bytes_per_token=bytes_per_token,
+                unique_tokens=unique_tokens,
+            )
+            for c in capacities
+        ]
+
+    if not any("%" in str(c) for c in capacities):
+        resolve(None)  # a bad capacity fails before the trace is read
     t0 = time.perf_counter()
     trace = load_trace(
         trace_path, limit=limit, block_tokens=block_tokens, trace_block_tokens=trace_block_tokens
     )
     load_seconds = time.perf_counter() - t0
+    configs = resolve(trace.unique_blocks * block_tokens)
     # A Belady run replays once per tier (cumulative sizes); the others once.
     work = sum(len(c) if s.kind == "belady" else 1 for c in configs for s in specs)
     bar = _progress_bar(work * len(trace.keys), progress)
@@ -382,6 +423,7 @@ def run_sim(
         "requests": len(trace.keys),
         "blocks": trace.num_blocks,
         "input_tokens": trace.input_tokens,
+        "unique_blocks": trace.unique_blocks,
         "block_tokens": block_tokens,
         "bytes_per_token": bytes_per_token,
         "load_seconds": round(load_seconds, 4),

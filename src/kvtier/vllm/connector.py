@@ -42,7 +42,7 @@ from kvtier.keys import Namespace
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, TierView, resolve_chunk_tokens
 from kvtier.metrics import Metrics
-from kvtier.policies.eviction import make_eviction_policy
+from kvtier.policies.defaults import tier_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import SlotStore
 from kvtier.tiers.cpu import CpuSlab
@@ -155,13 +155,11 @@ class KVTierConnector(KVConnectorBase_V1):
         """Everything reported since start (the interval metrics go to vLLM's stats)."""
         if role == KVConnectorRole.SCHEDULER:
             s = self.setup
-            index = SlotIndex(s.num_slots, make_eviction_policy(s.config.eviction, s.num_slots))
+            index = SlotIndex(s.num_slots, tier_eviction_policy(s.config, "cpu", s.num_slots))
             tiers = [TierView("cpu", HitSource.HOST, index)]
             disk_dir = s.disk_dir(0)
             if disk_dir is not None:
-                disk = SlotIndex(
-                    s.disk_slots, make_eviction_policy(s.config.eviction, s.disk_slots)
-                )
+                disk = SlotIndex(s.disk_slots, tier_eviction_policy(s.config, "disk", s.disk_slots))
                 # Chunks a previous engine wrote (same namespace) are found again.
                 records = DiskSlab.scan(disk_dir, s.namespace.digest(), s.chunk_bytes, s.disk_slots)
                 restored = restore_index(disk, records)
