@@ -84,6 +84,7 @@ class MiniEngine:
                         capacity=disk_chunks * self.chunk_bytes,
                         path=str(disk_dir),
                         threads=2,
+                        eviction=config.disk_eviction,
                         on_store="skip" if back else "through",
                         on_evict="demote" if back else "drop",
                     )

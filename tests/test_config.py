@@ -40,6 +40,7 @@ def test_from_dict_parses_every_field():
             "cpu_bytes": "1GiB",
             "chunk_tokens": 64,
             "eviction": "arc",
+            "disk_eviction": "lru",
             "sync_budget": "64MiB",
             "disk_path": "/tmp/x",
             "store_output_tokens": "false",
@@ -47,7 +48,7 @@ def test_from_dict_parses_every_field():
         }
     )
     assert cfg.cpu_bytes == 1 << 30
-    assert cfg.eviction == "arc"
+    assert cfg.eviction == "arc" and cfg.disk_eviction == "lru"
     assert cfg.sync_budget == SyncBudget("fixed", 64 << 20)
     assert cfg.store_output_tokens is False
     assert KVTierConfig.from_dict(cfg.to_dict()) == cfg
@@ -62,7 +63,8 @@ def test_unknown_key_is_named_with_accepted_keys():
 @pytest.mark.parametrize(
     ("key", "value", "needle"),
     [
-        ("eviction", "fifo", "lru, arc"),
+        ("eviction", "fifo", "adaptive, chain-arc, lru, arc"),
+        ("disk_eviction", "fifo", "adaptive, chain-arc, lru, arc"),
         ("chunk_tokens", -1, ">= 0"),
         ("cpu_bytes", "lots", "cpu_bytes"),
         ("sync_budget", "fast", "auto"),

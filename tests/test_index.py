@@ -92,7 +92,7 @@ ops = st.lists(
 )
 
 
-@given(ops, st.integers(1, 10), st.sampled_from(["lru", "arc"]))
+@given(ops, st.integers(1, 10), st.sampled_from(["lru", "arc", "chain-arc", "adaptive"]))
 def test_random_operations_keep_invariants(sequence, capacity, policy):
     """Lookup vs a naive scan under random store/evict/pin sequences; capacity is never
     exceeded; pinned chains are never evicted."""

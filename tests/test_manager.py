@@ -83,7 +83,7 @@ def test_per_step_budget_splits_a_batch():
     st.sampled_from(["off", "fixed", "tiny"]),
     st.sampled_from([0.0, 0.2]),
     st.sampled_from([0.0, 0.2]),
-    st.sampled_from(["lru", "arc"]),
+    st.sampled_from(["lru", "arc", "chain-arc", "adaptive"]),
 )
 def test_random_workloads_never_use_wrong_kv(seed, budget, read_fail, write_fail, policy):
     rng = random.Random(seed)

@@ -15,7 +15,10 @@ def test_arc_prefers_recency_list_and_learns_from_ghosts():
     p = ARCPolicy(2)
     p.insert(b"a")
     p.insert(b"b")
-    p.touch(b"a")  # a -> T2 (frequent)
+    p.touch(b"a")  # recency only: still T1
+    assert b"a" in p.t1
+    p.observe([b"a"], 1)  # another request uses a -> T2 (frequent)
+    assert b"a" in p.t2
     assert list(p.candidates())[0] == b"b"  # T1 first while it exceeds p=0
     p.remove(b"b", evicted=True)  # b becomes a ghost in B1
     assert b"b" in p.b1

@@ -206,7 +206,7 @@ def test_run_sim_result_and_table() -> None:
     json.dumps(result)  # JSON-serialisable
     assert result["requests"] == 300
     runs = result["runs"]
-    assert len(runs) == 2 * 6
+    assert len(runs) == 2 * 7  # DEFAULT_POLICIES
     by = {(r["config"].count("+"), r["policy"]): r for r in runs}
     inf = by[(0, "infinite")]["hit_ratio"]["total"]
     for (_, policy), r in by.items():

@@ -1,4 +1,4 @@
-"""The ``kvtier`` command: ``bench``, ``sim`` and ``inspect``.
+"""The ``kvtier`` command: ``bench``, ``sim``, ``soak`` and ``inspect``.
 
 User mistakes (unknown model path, workload, bad size string...) end in one clear line
 and exit status 2, not a traceback.
@@ -33,9 +33,19 @@ def _bench(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from kvtier.bench.workloads import DEFAULT_TRACE
     from kvtier.sim import format_sim, run_sim
+    from kvtier.sim.generate import parse_shape, write_trace
 
+    trace = args.trace or DEFAULT_TRACE
+    if args.generate:
+        if args.trace:
+            raise ConfigError("sim: give --trace or --generate, not both")
+        if not args.save_trace:
+            raise ConfigError("sim: --generate needs --save-trace PATH (where the trace goes)")
+        n = write_trace(args.save_trace, parse_shape(args.generate), args.seed)
+        print(f"generated {n:,} requests ({args.generate}, seed {args.seed}) -> {args.save_trace}")
+        trace = args.save_trace
     result = run_sim(
-        args.trace or DEFAULT_TRACE,
+        trace,
         _csv(args.capacity),
         policies=_csv(args.policies),
         limit=args.limit,
@@ -56,6 +66,26 @@ def _inspect(args: argparse.Namespace) -> int:
         raise ConfigError(f"inspect: {args.path} is not a directory")
     print(json.dumps(info, indent=2) if args.json else format_inspect(info))
     return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from kvtier.soak.run import SoakOptions, run_soak
+
+    opts = SoakOptions(
+        requests=args.requests,
+        seed=args.seed,
+        out=args.out,
+        json=args.json,
+        oracle=args.oracle,
+        oracle_only=args.oracle_only,
+    )
+    report = run_soak(opts)
+    if opts.oracle_only:
+        return 0
+    s = report["summary"]
+    clean = not (s["wrong_outputs"] or s["failed_requests"] or s["crashes"])
+    clean = clean and not (s["leaked_slots"] or s["leaked_pins"] or s["leaked_jobs"])
+    return 0 if clean else 1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -111,16 +141,47 @@ def parser() -> argparse.ArgumentParser:
         help="Mooncake-format JSONL trace (default: the bundled synthetic trace)",
     )
     s.add_argument(
+        "--generate",
+        default=None,
+        metavar="SHAPE",
+        help="generate a conversation-like trace instead: chat, agent, docs, skewed, "
+        "optionally with overrides (chat:sessions=200,think_s=30); needs --save-trace",
+    )
+    s.add_argument("--seed", type=int, default=0, help="seed of --generate")
+    s.add_argument("--save-trace", default=None, metavar="PATH", help="where --generate writes")
+    s.add_argument(
         "--capacity",
         default="1M,3M,10M",
-        help="comma list of capacities; tokens (3M) or bytes (8GiB); 1M+10M = CPU+disk",
+        help="comma list of capacities; tokens (3M), bytes (8GiB) or a share of the trace's "
+        "unique KV (5%%); 1M+10M = CPU+disk",
     )
-    s.add_argument("--policies", default="lru,arc,lru-seen2,belady,infinite")
+    s.add_argument(
+        "--policies",
+        default="default,lru,arc,lru-seen2,belady,infinite",
+        help="comma list of default (the connector's), lru, arc, chain-arc, lru-seenN, "
+        "belady, infinite",
+    )
     s.add_argument("--limit", type=int, default=None, help="first N requests only")
     s.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
     s.add_argument("--json", default=None, metavar="PATH")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=_sim)
+
+    k = sub.add_parser("soak", help="mixed traffic with random faults against an oracle")
+    k.add_argument("--requests", type=int, default=1000, help="about this many requests")
+    k.add_argument("--seed", type=int, default=0, help="seed of the traffic and the faults")
+    k.add_argument("--out", default="soak-results", help="directory for engine logs")
+    k.add_argument("--json", default=None, metavar="PATH", help="default: OUT/soak.json")
+    k.add_argument(
+        "--oracle",
+        default=None,
+        metavar="PATH",
+        help="oracle results: reused when they match this workload, else saved there",
+    )
+    k.add_argument(
+        "--oracle-only", action="store_true", help="only run (and save) the oracle engine"
+    )
+    k.set_defaults(func=_soak)
 
     i = sub.add_parser("inspect", help="what a disk tier directory holds (headers only)")
     i.add_argument("path")

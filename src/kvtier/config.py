@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvtier.errors import ConfigError
+from kvtier.policies.registry import eviction_names
 from kvtier.stack.spec import TierSpec, flat_tier_specs, parse_tiers
 from kvtier.units import parse_size
 
 WritePolicy = Literal["write-through", "write-back"]
+EVICTION_POLICIES: tuple[str, ...] = eviction_names()
+"""The registered eviction policies (:mod:`kvtier.policies.registry`)."""
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
 FLAT_TIER_KEYS: tuple[str, ...] = (
     "cpu_bytes",
@@ -25,6 +28,7 @@ FLAT_TIER_KEYS: tuple[str, ...] = (
     "disk_bytes",
     "disk_write_policy",
     "disk_threads",
+    "disk_eviction",
 )
 """The shorthand keys describing a cpu (+ disk) stack; refused next to ``tiers``."""
 
@@ -74,9 +78,18 @@ class KVTierConfig:
     cpu_bytes: int = 4 << 30
     """Capacity of the CPU tier in bytes (per device). The slab is allocated once at start."""
 
-    eviction: str = "lru"
-    """Eviction policy of every tier that does not name its own: "lru" or "arc" (any
-    policy registered in :mod:`kvtier.policies.registry`)."""
+    eviction: str = "adaptive"
+    """Eviction policy of the CPU tier (and of every other tier that does not name its own,
+    the flat keys' disk tier unless ``disk_eviction`` is set): "adaptive" (default:
+    chain-arc that also stops storing chains seen for the first time while its ghosts show
+    they do not come back in time, see :mod:`kvtier.policies.adaptive`), "chain-arc" (ARC
+    adapted to prefix trees, reuse counted once per request,
+    :mod:`kvtier.policies.chain_arc`), "lru", or "arc" (classic ARC); any policy
+    registered in :mod:`kvtier.policies.registry`. Only the first tier's policy decides
+    admission; the tiers below take what their edges bring."""
+
+    disk_eviction: str | None = None
+    """Eviction policy of the flat keys' disk tier; None (default) uses ``eviction``."""
 
     admission_min_seen: int = 1
     """Store a chunk only once it has been seen in at least this many lookups (1 = always)."""
@@ -124,8 +137,11 @@ class KVTierConfig:
 
     fault_injection: Mapping[str, Any] | None = None
     """Testing only: make tier reads/writes fail on purpose, e.g. {"seed": 1,
-    "read_fail_rate": 0.2} or {"fail_all_reads": true}. Keys: seed, read_fail_rate,
-    write_fail_rate, fail_all_reads, fail_all_writes. None (default) injects nothing."""
+    "read_fail_rate": 0.2} or {"fail_all_reads": true}. Keys (CPU tier): seed,
+    read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes, slow_rate (probability
+    that a copy is slow), slow_seconds (how slow, at most 1 s), rows (keep the batched row
+    path: faults fail whole row copies); "disk": a mapping of the same keys for the disk
+    tier's store. None (default) injects nothing."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
@@ -178,6 +194,10 @@ def _eviction(value: object, name: str) -> str:
     return str(_choice(eviction_names())(value, name))
 
 
+def _opt_eviction(value: object, name: str) -> str | None:
+    return None if value is None else _eviction(value, name)
+
+
 def _tiers(value: object, name: str) -> tuple[TierSpec, ...]:
     if value is None:
         return ()
@@ -209,6 +229,15 @@ def _choice(choices: tuple[str, ...]) -> Any:
     return parse
 
 
+def _opt_choice(choices: tuple[str, ...]) -> Any:
+    parse = _choice(choices)
+
+    def parse_opt(value: object, name: str) -> str | None:
+        return None if value is None else parse(value, name)
+
+    return parse_opt
+
+
 def _size(value: object, name: str) -> int:
     if not isinstance(value, (str, int, float)):
         raise ConfigError(f"{name}: expected a byte size such as '8GiB', got {value!r}")
@@ -229,12 +258,16 @@ def _opt_path(value: object, name: str) -> str | None:
     raise ConfigError(f"{name}: expected a directory path or null, got {value!r}")
 
 
-_FAULT_KEYS = {
+_FAULT_KEYS: dict[str, type] = {
     "seed": int,
     "read_fail_rate": float,
     "write_fail_rate": float,
     "fail_all_reads": bool,
     "fail_all_writes": bool,
+    "slow_rate": float,
+    "slow_seconds": float,
+    "rows": bool,
+    "disk": dict,
 }
 
 
@@ -246,6 +279,11 @@ def _faults(value: object, name: str) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for key, v in value.items():
         kind = _FAULT_KEYS.get(key)
+        if kind is dict and name.endswith(".disk"):
+            kind = None  # no nesting below "disk"
+        if kind is dict:
+            out[key] = _faults(v, f"{name}.{key}")
+            continue
         if kind is None:
             raise ConfigError(
                 f"{name}: unknown key {key!r}; accepted keys: {', '.join(sorted(_FAULT_KEYS))}"
@@ -271,6 +309,7 @@ _PARSERS: dict[str, Any] = {
     "chunk_tokens": _int(0),
     "cpu_bytes": _size,
     "eviction": _eviction,
+    "disk_eviction": _opt_eviction,
     "admission_min_seen": _int(1),
     "sync_budget": lambda v, n: SyncBudget.parse(v, name=n),
     "disk_path": _opt_path,

@@ -23,7 +23,7 @@ from kvtier.jobs import StepPlan, TransferJob, WorkerReport
 from kvtier.keys import Key, KeyChain, Namespace
 from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
-from kvtier.policies.admission import make_admission_policy
+from kvtier.policies.defaults import admission_policy
 from kvtier.sources import HitSource, hit_sources
 from kvtier.stack.jobs import JobEntry, JobTable
 from kvtier.stack.loads import LoadPlanner
@@ -88,11 +88,7 @@ class CacheManager:
         self.blocks_per_chunk = self.chunk_tokens // block_tokens
         self.stack = stack
         self.metrics = metrics or Metrics()
-        first = stack[0].index
-        # Remember seen counts for a few times more keys than the first tier holds.
-        self.admission = make_admission_policy(
-            config.admission_min_seen, max_tracked=max(1 << 16, 4 * _slots(first))
-        )
+        self.admission = admission_policy(config, _slots(stack[0].index))
         self.defer_on_inflight_loads = defer_on_inflight_loads
         self.jobs = JobTable(num_workers)
         self.movement = Movement(stack, self.jobs, self.metrics)
@@ -160,9 +156,11 @@ class CacheManager:
         if len(keys) <= first:
             req.hit = None
             return Hit(num_computed, num_computed, ())
-        if not req.observed:
+        if not req.observed:  # once per request: repeated lookups are not reuse
             req.observed = True
             self.admission.observe(keys)
+            for tier in self.stack.tiers:
+                tier.index.observe(keys)
         found = self.stack.lookup(keys, first)
         if found is None:
             self.deferred += 1
@@ -268,6 +266,8 @@ class CacheManager:
         while admitted < len(todo) and self.admission.admit(todo[admitted]):
             admitted += 1
         todo = todo[:admitted]
+        if len(self.stack) == 1:  # a next tier takes what this one stores: store it all
+            todo = todo[: tier.index.policy.admit_chain(todo)]  # type: ignore[attr-defined]
         parent = keys[present - 1] if present else None
         slots, demotions = self.movement.reserve(t, todo, parent, req_id)
         if not slots:

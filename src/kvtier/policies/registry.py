@@ -39,5 +39,19 @@ def make_eviction_policy(name: str, capacity: int) -> EvictionPolicy:
     return factory(capacity)
 
 
+def _chain_arc(capacity: int) -> EvictionPolicy:
+    from kvtier.policies.chain_arc import ChainARCPolicy
+
+    return ChainARCPolicy(capacity)
+
+
+def _adaptive(capacity: int) -> EvictionPolicy:
+    from kvtier.policies.adaptive import AdaptivePolicy
+
+    return AdaptivePolicy(capacity)
+
+
+register_eviction("adaptive", _adaptive)
+register_eviction("chain-arc", _chain_arc)
 register_eviction("lru", LRUPolicy)
 register_eviction("arc", ARCPolicy)

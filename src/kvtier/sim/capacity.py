@@ -5,7 +5,9 @@ Grammar of one capacity (ints are token counts):
 - a token count: ``3000000``, ``"3M"``, ``"1.5M tokens"``, ``"500k tok"`` (k/M/G are decimal
   multipliers; no ``B``), or
 - a byte size with a byte unit: ``"8GiB"``, ``"512MB"``, ``"4096B"`` (see
-  :func:`kvtier.units.parse_size`), turned into tokens with ``bytes_per_token``.
+  :func:`kvtier.units.parse_size`), turned into tokens with ``bytes_per_token``, or
+- a share of the trace's unique KV: ``"5%"`` is 5 % of its distinct blocks (each takes a
+  slot), in tokens; it needs ``unique_tokens``, known once the trace is loaded.
 
 A tiered configuration lists one capacity per tier, innermost first: ``("1M", "10M")`` or
 the string ``"1M+10M"`` (``,`` also separates).
@@ -47,8 +49,19 @@ class TierCapacity:
         return f"{self.name} {format_tokens(self.tokens)} tok ({format_size(self.bytes)})"
 
 
-def parse_capacity(value: Capacity, *, bytes_per_token: int, name: str = "capacity") -> int:
-    """A capacity in tokens (see the module docstring for accepted forms)."""
+_PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*%\s*$")
+
+
+def parse_capacity(
+    value: Capacity,
+    *,
+    bytes_per_token: int,
+    name: str = "capacity",
+    unique_tokens: int | None = None,
+    block_tokens: int = 1,
+) -> int:
+    """A capacity in tokens (see the module docstring for accepted forms). A percentage is
+    of ``unique_tokens``, rounded down to whole ``block_tokens`` blocks."""
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a token count or byte size, got {value!r}")
     if isinstance(value, int):
@@ -59,6 +72,12 @@ def parse_capacity(value: Capacity, *, bytes_per_token: int, name: str = "capaci
         raise ConfigError(
             f"{name}: expected a token count or byte size, got {type(value).__name__}"
         )
+    pm = _PERCENT_RE.match(value)
+    if pm is not None:
+        if unique_tokens is None:
+            raise ConfigError(f"{name}: {value!r} is a share of a trace's unique KV; no trace")
+        blocks = int(float(pm.group(1)) / 100 * unique_tokens) // max(1, block_tokens)
+        return blocks * max(1, block_tokens)
     m = _TOKENS_RE.match(value)
     if m is not None:
         return int(float(m.group(1)) * _TOKEN_MULT[m.group(2).lower()])
@@ -80,8 +99,10 @@ def tier_capacities(
     *,
     block_tokens: int,
     bytes_per_token: int,
+    unique_tokens: int | None = None,
 ) -> tuple[TierCapacity, ...]:
-    """The tiers of one configuration; the i-th capacity is tier ``tier_names[i]``."""
+    """The tiers of one configuration; the i-th capacity is tier ``tier_names[i]``.
+    ``unique_tokens`` resolves percentages (see :func:`parse_capacity`)."""
     if isinstance(config, str):
         parts: list[Capacity] = [p for p in re.split(r"[+,]", config) if p.strip()]
     elif isinstance(config, int):
@@ -97,7 +118,13 @@ def tier_capacities(
         )
     out = []
     for name, part in zip(tier_names, parts, strict=False):
-        tokens = parse_capacity(part, bytes_per_token=bytes_per_token, name=f"capacity of {name}")
+        tokens = parse_capacity(
+            part,
+            bytes_per_token=bytes_per_token,
+            name=f"capacity of {name}",
+            unique_tokens=unique_tokens,
+            block_tokens=block_tokens,
+        )
         out.append(TierCapacity(name, tokens, tokens // block_tokens, tokens * bytes_per_token))
     return tuple(out)
 

@@ -65,6 +65,7 @@ from kvtier.stack.registry import TierContext, build_stack
 from kvtier.stack.spec import TierSpec
 
 DEFAULT_POLICIES: tuple[str, ...] = (
+    "default",
     "lru",
     "lru-seen2",
     "arc",
@@ -96,7 +97,8 @@ def _policy_re() -> re.Pattern[str]:
 @dataclass(frozen=True, slots=True)
 class PolicySpec:
     """A simulated policy: ``kind`` is "index" (a kvtier eviction policy with admission
-    ``min_seen``), "belady" or "infinite"."""
+    ``min_seen``), "default" (what the connector builds from a default config), "belady"
+    or "infinite"."""
 
     name: str
     kind: str
@@ -105,16 +107,16 @@ class PolicySpec:
 
 
 def parse_policy(name: str) -> PolicySpec:
-    """``lru``, ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``,
-    ``infinite``."""
+    """``default`` (the connector's default policies), ``adaptive``, ``chain-arc``, ``lru``,
+    ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``, ``infinite``."""
     text = name.strip().lower()
-    if text in ("belady", "infinite"):
+    if text in ("belady", "infinite", "default"):
         return PolicySpec(text, text)
     m = _policy_re().match(text)
     if m is None:
         raise ConfigError(
-            f"policy: unknown policy {name!r}; accepted: lru, arc, lru-seenN, arc-seenN "
-            "(admit a chunk once seen N times), belady, infinite"
+            f"policy: unknown policy {name!r}; accepted: default, adaptive, chain-arc, lru, "
+            "arc, NAME-seenN (admit a chunk once seen N times), belady, infinite"
         )
     min_seen = int(m.group(2) or 1)
     if min_seen < 1:
@@ -144,17 +146,19 @@ def replay_index(
     tick: Tick | None = None,
     check: bool = False,
     tiers: Sequence[str] = DEFAULT_TIERS,
+    config: KVTierConfig | None = None,
 ) -> ReplayCounts:
     """Replay ``trace`` through kvtier's own scheduler side: a CacheManager over a tier
     stack built by the tier registry, as the connector builds it.
 
     ``slots[t]`` is tier t's capacity in blocks (tier 0 a CPU tier, the others disk tiers
-    fed write-through, named by ``tiers``). Every request runs the connector's call
-    sequence (lookup, plan_load, on_allocated, build_step with its stores, request_finished)
-    and every job the plans hold succeeds at once. ``check`` runs the indexes' invariant
-    checks after every request (slow; for tests).
+    fed write-through, named by ``tiers``). With ``config``, the policies are the ones the
+    connector builds from it (``eviction`` and ``min_seen`` are then ignored). Every request
+    runs the connector's call sequence (lookup, plan_load, on_allocated, build_step with
+    its stores, request_finished) and every job the plans hold succeeds at once. ``check``
+    runs the indexes' invariant checks after every request (slow; for tests).
     """
-    manager = _replay_manager(slots, eviction, min_seen, tiers)
+    manager = _replay_manager(slots, eviction, min_seen, tiers, config)
     position = manager.stack.position
     n_tiers = len(slots)
     hit_blocks = [0] * n_tiers
@@ -189,13 +193,24 @@ def replay_index(
 
 
 def _replay_manager(
-    slots: Sequence[int], eviction: str, min_seen: int, names: Sequence[str]
+    slots: Sequence[int],
+    eviction: str,
+    min_seen: int,
+    names: Sequence[str],
+    base: KVTierConfig | None = None,
 ) -> CacheManager:
-    """A CacheManager over index-only tiers of ``slots`` one-byte chunks of one token."""
+    """A CacheManager over index-only tiers of ``slots`` one-byte chunks of one token; the
+    policies of ``base`` when given (the connector's), else ``eviction`` / ``min_seen``."""
     if len(slots) > len(names):
         raise ConfigError(f"capacities: {len(slots)} tiers given, only {len(names)} named")
+    if base is not None:
+        evictions = [base.eviction] + [base.disk_eviction or base.eviction] * len(slots)
+        min_seen = base.admission_min_seen
+        eviction = base.eviction
+    else:
+        evictions = [eviction] * len(slots)
     specs = tuple(
-        TierSpec("cpu" if t == 0 else "disk", name=names[t], capacity=n, eviction=eviction)
+        TierSpec("cpu" if t == 0 else "disk", name=names[t], capacity=n, eviction=evictions[t])
         for t, n in enumerate(slots)
     )
     config = KVTierConfig(
@@ -314,6 +329,8 @@ class _Runner:
         slots = [t.slots for t in tiers]
         if spec.kind == "index":
             return replay_index(self.trace, slots, spec.eviction, spec.min_seen, tick=self.tick)
+        if spec.kind == "default":
+            return replay_index(self.trace, slots, "", config=KVTierConfig(), tick=self.tick)
         if spec.kind == "belady":
             return self._belady_tiers(slots)
         return self._infinite_tiers(len(slots))
@@ -382,15 +399,27 @@ def run_sim(
         raise ConfigError("policies: at least one policy is needed")
     if not capacities:
         raise ConfigError("capacities: at least one configuration is needed")
-    configs = [
-        tier_capacities(c, tiers, block_tokens=block_tokens, bytes_per_token=bytes_per_token)
-        for c in capacities
-    ]
+
+    def resolve(unique_tokens: int | None) -> list[tuple[TierCapacity, ...]]:
+        return [
+            tier_capacities(
+                c,
+                tiers,
+                block_tokens=block_tokens,
+                bytes_per_token=bytes_per_token,
+                unique_tokens=unique_tokens,
+            )
+            for c in capacities
+        ]
+
+    if not any("%" in str(c) for c in capacities):
+        resolve(None)  # a bad capacity fails before the trace is read
     t0 = time.perf_counter()
     trace = load_trace(
         trace_path, limit=limit, block_tokens=block_tokens, trace_block_tokens=trace_block_tokens
     )
     load_seconds = time.perf_counter() - t0
+    configs = resolve(trace.unique_blocks * block_tokens)
     # A Belady run replays once per tier (cumulative sizes); the others once.
     work = sum(len(c) if s.kind == "belady" else 1 for c in configs for s in specs)
     bar = _progress_bar(work * len(trace.keys), progress)
@@ -410,6 +439,7 @@ def run_sim(
         "requests": len(trace.keys),
         "blocks": trace.num_blocks,
         "input_tokens": trace.input_tokens,
+        "unique_blocks": trace.unique_blocks,
         "block_tokens": block_tokens,
         "bytes_per_token": bytes_per_token,
         "load_seconds": round(load_seconds, 4),

@@ -75,6 +75,11 @@ class Trace:
     def input_tokens(self) -> int:
         return sum(self.tokens)
 
+    @property
+    def unique_blocks(self) -> int:
+        """Distinct blocks (prefixes) in the trace: the slots an infinite cache would use."""
+        return len({k for keys in self.keys for k in keys})
+
     def prefix_tokens(self, i: int, n_blocks: int) -> int:
         """Tokens covered by the first ``n_blocks`` blocks of request ``i``.
 

@@ -283,6 +283,7 @@ def flat_tier_specs(config: KVTierConfig) -> tuple[TierSpec, ...]:
         capacity=config.disk_bytes,
         path=config.disk_path,
         threads=config.disk_threads,
+        eviction=config.disk_eviction,
         on_store="skip" if back else "through",
         on_evict="demote" if back else "drop",
     )

@@ -96,6 +96,10 @@ class TierIndex(Protocol):
     def touch(self, keys: Sequence[Key]) -> None:
         """Record reuse of a chain prefix (root first)."""
 
+    def observe(self, keys: Sequence[Key]) -> None:
+        """A request's chain was looked up (once per request): policies that count reuse
+        per request hear of it here."""
+
     def invalidate(self, key: Key) -> list[Key]:
         """Forget ``key`` and its descendants (their bytes failed a check)."""
 

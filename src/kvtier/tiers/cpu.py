@@ -27,7 +27,7 @@ from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.slot_tier import SlotTier
 from kvtier.transfer.copy import copy_segments, gather_rows, scatter_rows
-from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
+from kvtier.transfer.host_memory import SLICE_BYTES, HostBuffer, cuda_available
 
 if TYPE_CHECKING:
     from kvtier.stack.kinds import TierContext
@@ -35,11 +35,13 @@ if TYPE_CHECKING:
 
 
 class CpuSlab(SlotStore):
-    """``num_slots`` chunks of host memory, allocated (and pre-faulted) once.
+    """``num_slots`` chunks of host memory, allocated once.
 
-    Pinned when CUDA is present (asynchronous device copies), plain otherwise. Memory
-    copies cannot fail, so every chunk succeeds; the per-chunk result exists for the
-    contract's sake.
+    Usable at once: the pages are faulted in (and pinned when CUDA is present, for
+    asynchronous device copies) by a background thread in slot order, lowest slots first,
+    which are the ones the index hands out first (:class:`~kvtier.transfer.host_memory.
+    HostBuffer`); start-up does not grow with the tier's size. Memory copies cannot fail,
+    so every chunk succeeds; the per-chunk result exists for the contract's sake.
     """
 
     def __init__(
@@ -54,7 +56,12 @@ class CpuSlab(SlotStore):
         self.blocks_per_chunk = bpc = blocks_per_chunk
         self.slot_bytes = bpc * sum(self.row_bytes)
         nbytes = num_slots * self.slot_bytes
-        self.flat = buffer if buffer is not None else alloc_host_buffer(nbytes)
+        self.host: HostBuffer | None = None
+        """The slab's own memory and its background warm-up (None for a given buffer)."""
+        if buffer is None:
+            self.host = HostBuffer(nbytes, self._warm_spans(num_slots))
+            buffer = self.host.tensor
+        self.flat = buffer
         if self.flat.numel() < nbytes or self.flat.dtype != torch.uint8:
             raise ValueError("CpuSlab: buffer too small or not uint8")
         self.regions: list[torch.Tensor] = []
@@ -69,6 +76,27 @@ class CpuSlab(SlotStore):
             pay += bpc * rb
         self._arrays = [r.numpy() for r in self.regions] if not self.flat.is_cuda else []
         self._non_blocking = cuda_available()
+
+    def _warm_spans(self, num_slots: int) -> list[tuple[int, int]]:
+        """Byte spans of the flat buffer in the order to make them ready: groups of slots
+        (about SLICE_BYTES each) from slot 0 up, each group as one span per region, so no
+        copy (a run of one region's rows) crosses two spans."""
+        bpc = self.blocks_per_chunk
+        group = max(1, SLICE_BYTES // max(1, self.slot_bytes))
+        bases, base = [], 0
+        for rb in self.row_bytes:
+            bases.append(base)
+            base += num_slots * bpc * rb
+        spans = []
+        for a in range(0, num_slots, group):
+            b = min(num_slots, a + group)
+            for rb, region_base in zip(self.row_bytes, bases, strict=True):
+                spans.append((region_base + a * bpc * rb, (b - a) * bpc * rb))
+        return spans
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.close()
 
     @classmethod
     def flat_chunks(cls, num_slots: int, chunk_bytes: int) -> CpuSlab:

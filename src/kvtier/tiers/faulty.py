@@ -3,7 +3,15 @@
 Failures are decided per chunk from a seeded RNG (rates) and/or explicit key sets, so a
 test can say "fail every read of chunk 3" or "fail 20% of writes, seed 7" and replay the
 same faults. A failed read also scribbles over its destination, as a half-finished copy
-would: if anything used those bytes, outputs would change and tests would see it.
+would: if anything used those bytes, outputs would change and tests would see it. Slow
+copies sleep before they run (a stalled device or a page-faulting slab).
+
+By default the wrapper hides the inner store's batched row path, so every copy goes
+through per-chunk ``read``/``write``. With ``FaultPlan.rows`` it keeps that path (the one
+the CPU tier really uses) and fails whole row copies instead: a failed row load copies,
+scribbles over the engine rows it wrote and raises; a failed row store raises before
+copying. The transfer engine turns the exception into a failed job, as it would a real
+copy error.
 """
 
 from __future__ import annotations
@@ -11,8 +19,12 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+import torch
 
 from kvtier.keys import Key
 from kvtier.tiers.base import Segments, SlotStore
@@ -36,6 +48,16 @@ class FaultPlan:
     """Writes of these keys always fail."""
     fail_all_reads: bool = False
     fail_all_writes: bool = False
+    slow_rate: float = 0.0
+    """Probability that one operation (a batch read/write, a row copy) is slow."""
+    slow_seconds: float = 0.05
+    """How long a slow operation sleeps before it runs."""
+    rows: bool = False
+    """Keep the inner store's batched row path; faults then fail whole row copies."""
+
+
+class InjectedFault(RuntimeError):
+    """A copy failed on purpose (fault injection)."""
 
 
 class FaultyStore(SlotStore):
@@ -50,6 +72,10 @@ class FaultyStore(SlotStore):
         self._lock = threading.Lock()
         self.failed_reads = 0
         self.failed_writes = 0
+        self.slow_ops = 0
+        if plan.rows and hasattr(inner, "supports_rows"):
+            # Only then: the transfer engine picks the row path by this attribute.
+            self.supports_rows = inner.supports_rows
         log.warning("kvtier fault injection is active: %s", plan)
 
     def _fails(self, key: Key, rate: float, keys: set[Key], all_: bool) -> bool:
@@ -57,9 +83,20 @@ class FaultyStore(SlotStore):
             roll = self._rng.random()
         return all_ or key in keys or roll < rate
 
+    def _maybe_slow(self) -> None:
+        p = self.plan
+        if p.slow_rate <= 0:
+            return
+        with self._lock:
+            slow = self._rng.random() < p.slow_rate
+            self.slow_ops += slow
+        if slow:
+            time.sleep(p.slow_seconds)
+
     def read(
         self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
     ) -> list[bool]:
+        self._maybe_slow()
         p = self.plan
         fail = [self._fails(k, p.read_fail_rate, p.fail_read_keys, p.fail_all_reads) for k in keys]
         ok = self.inner.read(slots, keys, dst)
@@ -68,7 +105,8 @@ class FaultyStore(SlotStore):
                 ok[i] = False
                 for _, seg in dst[i]:
                     seg.fill_(0x5A)
-        self.failed_reads += sum(fail)
+        with self._lock:
+            self.failed_reads += sum(fail)
         return ok
 
     def write(
@@ -78,13 +116,45 @@ class FaultyStore(SlotStore):
         src: Sequence[Segments],
         parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
+        self._maybe_slow()
         p = self.plan
         fail = [
             self._fails(k, p.write_fail_rate, p.fail_write_keys, p.fail_all_writes) for k in keys
         ]
         ok = self.inner.write(slots, keys, src, parents)
-        self.failed_writes += sum(fail)
+        with self._lock:
+            self.failed_writes += sum(fail)
         return [o and not f for o, f in zip(ok, fail, strict=True)]
+
+    # -- the batched row path and tier-to-tier copies (see the module docstring) ------------
+
+    def store_rows(
+        self, engine_regions: Sequence[torch.Tensor], slab_row: int, blocks: torch.Tensor
+    ) -> None:
+        self._maybe_slow()
+        p = self.plan
+        if self._fails(b"", p.write_fail_rate, set(), p.fail_all_writes):
+            with self._lock:
+                self.failed_writes += 1
+            raise InjectedFault(f"injected: row store at slab row {slab_row} failed")
+        self.inner.store_rows(engine_regions, slab_row, blocks)  # type: ignore[attr-defined]
+
+    def load_rows(
+        self, engine_arrays: Sequence[np.ndarray], slab_row: int, blocks: np.ndarray
+    ) -> None:
+        self._maybe_slow()
+        p = self.plan
+        fail = self._fails(b"", p.read_fail_rate, set(), p.fail_all_reads)
+        self.inner.load_rows(engine_arrays, slab_row, blocks)  # type: ignore[attr-defined]
+        if fail:
+            for arr in engine_arrays:
+                arr[blocks] = 0x5A
+            with self._lock:
+                self.failed_reads += 1
+            raise InjectedFault(f"injected: row load from slab row {slab_row} failed")
+
+    def payload_segments(self, slot: int) -> list[tuple[int, torch.Tensor]]:
+        return self.inner.payload_segments(slot)  # type: ignore[attr-defined,no-any-return]
 
     def close(self) -> None:
         self.inner.close()

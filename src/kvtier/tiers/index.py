@@ -156,11 +156,10 @@ class SlotIndex:
             if prev is not None:
                 self._entries[prev].children.append(key)
             prev = key
-        # Children first, then the existing ancestors are touched: every ancestor stays more
-        # recent than its descendants, so recency orders meet leaves first and eviction
-        # never has to scan past inner nodes.
-        for key in reversed(keys[:n]):
-            self.policy.insert(key)
+        # The policy inserts children first (by default), then the existing ancestors are
+        # touched: every ancestor stays more recent than its descendants, so recency orders
+        # meet leaves first and eviction never has to scan past inner nodes.
+        self.policy.insert_chain(keys[:n], parent)
         self._touch_ancestors(parent)
         return slots
 
@@ -232,8 +231,14 @@ class SlotIndex:
             if e.pins == 0 and e.doomed:
                 self._drop(key)
 
+    def observe(self, keys: Sequence[Key]) -> None:
+        """One request's use of its chain ``keys`` (root first), for the eviction policy's
+        reuse counting. Call once per request, before touching its hit."""
+        self.policy.observe(keys, self.prefix_len(keys))
+
     def touch(self, keys: Sequence[Key]) -> None:
-        """Record reuse of a chain prefix ``keys`` (which must start at the chain's root).
+        """Refresh the recency of a chain prefix ``keys`` (which must start at the chain's
+        root); not a use (see :meth:`observe`).
 
         Tail first, so ancestors end up the most recent (see :meth:`reserve`).
         """
@@ -289,6 +294,8 @@ class SlotIndex:
             p = self._entries.get(e.parent)
             if p is not None:
                 p.children.remove(key)
+                if not p.children:
+                    self.policy.on_leaf(e.parent)
                 if p.doomed and not p.children and p.pins == 0 and not _writing(p):
                     self._remove(e.parent, evicted=False)
         self.policy.remove(key, evicted=evicted)
@@ -308,6 +315,7 @@ class SlotIndex:
 
     def _evict_pass(self, n: int, protect: Key | None) -> list[Key]:
         victims: list[Key] = []
+        inner: list[Key] = []  # offered before their descendants: handed to policy.defer
         gone_children: dict[Key, int] = {}
         entries = self._entries
         for key in self.policy.candidates():
@@ -315,6 +323,7 @@ class SlotIndex:
             if key == protect or e.state != READY or e.pins or e.doomed:
                 continue
             if len(e.children) > gone_children.get(key, 0):
+                inner.append(key)
                 continue
             victims.append(key)
             if e.parent is not None:
@@ -325,6 +334,8 @@ class SlotIndex:
             self._evicted.extend((k, entries[k].slot, entries[k].parent) for k in victims)
         for key in victims:
             self._remove(key, evicted=True)
+        if inner:  # those still inner now (this pass may have taken their last child)
+            self.policy.defer([k for k in inner if k in entries and entries[k].children])
         self.evictions += len(victims)
         return victims
 
@@ -376,3 +387,24 @@ def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | No
     # Lowest free slots first, as on a fresh index.
     index._free = [s for s in range(index.num_slots - 1, -1, -1) if s not in taken]
     return len(taken)
+
+
+def store_at_once(index: SlotIndex, keys: Sequence[Key], admission: object = None) -> int:
+    """Store the chunks of chain ``keys`` the index lacks and commit them as successful at
+    once (index-only tools and tests, which have no bytes to move): the run after the
+    present prefix, cut at the first key ``admission`` (an AdmissionPolicy) refuses,
+    reserved in one call. Returns how many chunks were stored."""
+    present = index.prefix_len(keys, any_state=True)
+    todo = list(keys[present:])
+    admit = getattr(admission, "admit", None)
+    if admit is not None:
+        n = 0
+        while n < len(todo) and admit(todo[n]):
+            n += 1
+        todo = todo[:n]
+    if not todo:
+        return 0
+    slots = index.reserve(todo, keys[present - 1] if present else None)
+    if slots:
+        index.commit(todo[: len(slots)], [True] * len(slots))
+    return len(slots)

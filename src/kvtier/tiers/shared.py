@@ -176,6 +176,9 @@ class ProbeIndex:
     def touch(self, keys: Sequence[Key]) -> None:
         return None  # the store keeps its own recency
 
+    def observe(self, keys: Sequence[Key]) -> None:
+        return None
+
     def invalidate(self, key: Key) -> list[Key]:
         return []
 

@@ -315,9 +315,13 @@ class KVTierConnector(KVConnectorBase_V1):
             )
         ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
         stores = build_stores(s.config, ctx)
-        if s.config.fault_injection:
-            first = next(iter(stores))
-            stores[first] = FaultyStore(stores[first], FaultPlan(**s.config.fault_injection))
+        faults = dict(s.config.fault_injection or {})
+        disk_faults = faults.pop("disk", None)
+        first = next(iter(stores))
+        if faults:
+            stores[first] = FaultyStore(stores[first], FaultPlan(**faults))
+        if disk_faults and "disk" in stores:
+            stores["disk"] = FaultyStore(stores["disk"], FaultPlan(**disk_faults))
         engine = TransferEngine(regions, stores, s.blocks_per_chunk)
         self.worker = WorkerSide(engine)
         log.info(

@@ -1,0 +1,389 @@
+"""``kvtier soak``: mixed traffic with random faults on a real engine, against an oracle.
+
+Two engine processes run the same rounds (:mod:`kvtier.soak.workload`) with the same
+engine settings and the same explicit CPU binding:
+
+1. the oracle: vLLM without kvtier (its own prefix cache only), greedy outputs expected;
+2. kvtier with a CPU tier and a write-through disk tier, both small so chunks move between
+   tiers all the time, while faults are injected at random from a seed: failed and slow
+   copies on the CPU tier's real row path and on the disk store (FaultyStore), and real
+   damage to the disk tier's files (:mod:`kvtier.soak.disk_faults`): corrupted payloads,
+   truncated slab files, and a full filesystem (``ENOSPC`` from the kernel, on a tmpfs
+   mounted for the run when this process may mount one).
+
+The remote tier does not exist yet, so no remote faults are injected (the JSON says so).
+The result: per-request comparison with the oracle, faults by kind, leaks after the final
+drain, resident memory growth after warm-up and hit tokens by source; a table on the
+terminal and JSON with a ``summary``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.soak.workload import RoundShape, build_rounds
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    """What a soak runs (defaults: the full soak, about 1,000 requests)."""
+
+    requests: int = 1000
+    """About this many requests (rounded up to whole rounds of ``shape.size``)."""
+    seed: int = 0
+    shape: RoundShape = field(default_factory=RoundShape)
+    cpu_bytes: int = 96 * MiB
+    """CPU tier: small, so it evicts and the disk tier serves hits too."""
+    disk_bytes: int = 160 * MiB
+    fs_bytes: int = 224 * MiB
+    """Size of the tmpfs the disk tier lives on (ENOSPC once the ballast fills it)."""
+    cpu_fault_rate: float = 0.02
+    """Probability that a CPU-tier row copy fails (and, separately, is slow)."""
+    disk_fault_rate: float = 0.02
+    """Probability that a disk chunk read / write fails (and that a batch is slow)."""
+    disk_fault_interval: float = 1.5
+    """Mean seconds between two real faults on the disk tier's files."""
+    slow_seconds: float = 0.05
+    device_blocks: int = 16
+    """The engine's own KV cache (blocks of 32 tokens): small, so vLLM preempts."""
+    warmup_rounds: int = 1
+    """Rounds before the resident-memory reference point."""
+    out: str = "soak-results"
+    """Directory for engine logs (and ``soak.json`` unless ``json`` says otherwise)."""
+    json: str | None = None
+    progress: bool = True
+    oracle: str | None = None
+    """File of oracle results: reused when it holds this exact workload (same rounds,
+    engine settings and binding), else written after the oracle run. Lets a long soak run
+    its two engines in separate sittings."""
+    oracle_only: bool = False
+    """Run (or reuse) the oracle, save it to ``oracle`` and stop."""
+
+    @property
+    def rounds(self) -> int:
+        return max(self.warmup_rounds + 1, -(-self.requests // self.shape.size))
+
+
+def cpu_binding() -> dict[str, str]:
+    """The same explicit OpenMP binding for both engines (vLLM reserves a core for a KV
+    connector unless told otherwise, which would give the two runs different compute)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+
+
+def engine_settings(opts: SoakOptions) -> dict[str, Any]:
+    return {
+        # fp32: greedy tokens must not flip on rounding when batch shapes differ.
+        "dtype": "float32",
+        "num_gpu_blocks_override": opts.device_blocks,
+        "max_model_len": (opts.device_blocks - 1) * 32,
+        "max_num_batched_tokens": 512,
+        "max_num_seqs": max(4, opts.shape.burst),
+    }
+
+
+def kvtier_config(opts: SoakOptions, disk_path: str) -> dict[str, Any]:
+    # Reads (loads) are rarer than writes (every store, every write-through copy): they
+    # fail at a higher rate, so that both kinds occur in a short soak.
+    rate, slow = opts.cpu_fault_rate, opts.slow_seconds
+    return {
+        "cpu_bytes": opts.cpu_bytes,
+        "disk_path": disk_path,
+        "disk_bytes": opts.disk_bytes,
+        "disk_threads": 2,
+        "disk_write_policy": "write-through",
+        "fault_injection": {
+            "seed": opts.seed,
+            "read_fail_rate": min(1.0, 2.5 * rate),
+            "write_fail_rate": rate,
+            "slow_rate": rate,
+            "slow_seconds": slow,
+            "rows": True,
+            "disk": {
+                "seed": opts.seed + 1,
+                "read_fail_rate": min(1.0, 2.5 * opts.disk_fault_rate),
+                "write_fail_rate": opts.disk_fault_rate,
+                "slow_rate": opts.disk_fault_rate,
+                "slow_seconds": slow,
+            },
+        },
+    }
+
+
+@contextlib.contextmanager
+def small_filesystem(size: int) -> Iterator[tuple[str, str]]:
+    """A directory on a fresh tmpfs of ``size`` bytes, and how ENOSPC is produced there:
+    "tmpfs" (the kernel's, when mounting works) or "none" (a plain temporary directory,
+    when this process may not mount: no ENOSPC faults then)."""
+    with tempfile.TemporaryDirectory(prefix="kvtier-soak-fs-") as tmp:
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", tmp],
+            capture_output=True,
+            text=True,
+        )
+        mounted = proc.returncode == 0
+        try:
+            yield tmp, ("tmpfs" if mounted else "none")
+        finally:
+            if mounted:
+                subprocess.run(["umount", "-l", tmp], capture_output=True)
+
+
+def _run_engine(
+    spec: dict[str, Any], log_path: Path, bar: Any, env: dict[str, str]
+) -> tuple[int, dict[str, Any] | None]:
+    """One engine process (kvtier.vllm.soak_runner); (exit status, results or None)."""
+    with tempfile.TemporaryDirectory(prefix="kvtier-soak-") as tmp:
+        spec_path, out_path, prog = (Path(tmp) / n for n in ("spec.json", "out.json", "progress"))
+        spec_path.write_text(json.dumps(spec))
+        seen = 0
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kvtier.vllm.soak_runner", str(spec_path), str(out_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, **env, KVTIER_PROGRESS=str(prog)),
+            )
+            while proc.poll() is None:
+                time.sleep(0.5)
+                seen = _advance(bar, prog, seen)
+        _advance(bar, prog, seen)
+        if proc.returncode != 0 or not out_path.exists():
+            return proc.returncode or 1, None
+        return 0, json.loads(out_path.read_text())
+
+
+def _saved_oracle(path: str | None, fingerprint: str) -> dict[str, Any] | None:
+    """Oracle results saved by an earlier run of this exact workload, or None."""
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        saved: dict[str, Any] = json.loads(Path(path).read_text())
+    except ValueError:
+        return None
+    return saved if saved.get("fingerprint") == fingerprint else None
+
+
+def _advance(bar: Any, prog: Path, seen: int) -> int:
+    try:
+        n = int(prog.read_text() or 0)
+    except (OSError, ValueError):
+        return seen
+    if bar is not None and n > seen:
+        bar.update(n - seen)
+    return max(n, seen)
+
+
+def compare(
+    expected: dict[str, Any], got: dict[str, Any] | None
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """(wrong outputs, failed requests, details of each) of ``got`` against the oracle.
+
+    An aborted request is compared on the tokens both runs produced before the abort."""
+    want = {r["id"]: r for op in expected["ops"] for r in op["requests"]}
+    have = {r["id"]: r for op in (got or {}).get("ops", []) for r in op["requests"]}
+    wrong = failed = 0
+    details = []
+    for rid, w in want.items():
+        h = have.get(rid)
+        if h is None or "output" not in h:
+            failed += 1
+            details.append({"id": rid, "problem": "no result"})
+            continue
+        a, b = w["output"], h["output"]
+        if w.get("aborted") or h.get("aborted"):
+            n = min(len(a), len(b))
+            same = bool(w.get("aborted")) == bool(h.get("aborted")) and a[:n] == b[:n] and n > 0
+        else:
+            same = a == b
+        if not same:
+            wrong += 1
+            details.append({"id": rid, "problem": "output differs", "expected": a, "got": b})
+    return wrong, failed, details
+
+
+def hit_tokens(metrics: dict[str, Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for labels, value in metrics.get("values", {}).get("hit_tokens", []):
+        out[labels[0]] = out.get(labels[0], 0) + int(value)
+    return out
+
+
+def summarize(
+    opts: SoakOptions,
+    oracle: dict[str, Any],
+    status: int,
+    result: dict[str, Any] | None,
+    enospc_mode: str,
+) -> dict[str, Any]:
+    wrong, failed, details = compare(oracle, result)
+    r = result or {}
+    faults = {k: v for k, v in r.get("faults", {}).items() if "_detected_" not in k}
+    leaks = r.get("leaks", {})
+    rss = r.get("rss_bytes", [])
+    ref = rss[opts.warmup_rounds] if len(rss) > opts.warmup_rounds else 0
+    return {
+        "summary": {
+            "requests": sum(len(op["requests"]) for op in oracle["ops"]),
+            "faults_injected": faults,
+            "faults_injected_total": sum(faults.values()),
+            "wrong_outputs": wrong,
+            "failed_requests": failed,
+            "crashes": int(status != 0),
+            "leaked_slots": leaks.get("slots"),
+            "leaked_pins": leaks.get("pins"),
+            "leaked_jobs": (
+                None if not leaks else leaks["jobs"] + leaks["worker_jobs"] + leaks["requests"]
+            ),
+            "index_errors": leaks.get("index_errors"),
+            "rss_growth_after_warmup": (rss[-1] / ref) if ref else None,
+            "hit_tokens": hit_tokens(r.get("metrics", {})),
+            "enospc": enospc_mode,
+            "remote_tier": "not built yet: no remote faults injected",
+        },
+        "detected": {k: v for k, v in r.get("faults", {}).items() if "_detected_" in k},
+        "faults_not_possible": r.get("faults_not_possible", {}),
+        "preemptions": r.get("preemptions"),
+        "aborted": sum(1 for op in r.get("ops", []) for q in op["requests"] if q.get("aborted")),
+        "rss_bytes": rss,
+        "leaks": leaks,
+        "problems": details[:50],
+    }
+
+
+def run_soak(opts: SoakOptions) -> dict[str, Any]:
+    """Run the soak; return the results (also written to JSON). Raises ConfigError when the
+    oracle engine itself fails (nothing to compare against)."""
+    from kvtier.bench.machine import machine_info
+    from kvtier.models import smollm2_path
+
+    if opts.oracle_only and not opts.oracle:
+        raise ConfigError("soak: --oracle-only needs --oracle PATH to save the oracle to")
+    model = smollm2_path()
+    rounds = build_rounds(model, opts.rounds, opts.seed, opts.shape)
+    total = sum(len(r["requests"]) for r in rounds)
+    out_dir = Path(opts.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine = engine_settings(opts)
+    env = cpu_binding()
+    bar = None
+    if opts.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=2 * total, desc="soak (oracle, then kvtier)", unit="req")
+    t0 = time.perf_counter()
+    oracle_spec = {"model": model, "engine": engine, "connector": None, "program": rounds}
+    fingerprint = hashlib.sha256(
+        json.dumps([oracle_spec, env], sort_keys=True).encode()
+    ).hexdigest()
+    oracle = _saved_oracle(opts.oracle, fingerprint)
+    reused = oracle is not None
+    if oracle is None:
+        status, oracle = _run_engine(oracle_spec, out_dir / "engine-oracle.log", bar, env)
+        if oracle is None:
+            raise ConfigError(f"the oracle engine failed (see {out_dir / 'engine-oracle.log'})")
+        oracle["fingerprint"] = fingerprint
+        if opts.oracle:
+            Path(opts.oracle).write_text(json.dumps(oracle))
+    t_oracle = time.perf_counter() - t0
+    if opts.oracle_only:
+        if bar is not None:
+            bar.close()
+        return {"oracle": opts.oracle, "seconds": {"oracle": t_oracle}}
+    if bar is not None:
+        bar.n = total
+        bar.refresh()
+    with small_filesystem(opts.fs_bytes) as (fs, enospc_mode):
+        kinds = ["corrupt", "truncate"] + (["enospc"] if enospc_mode == "tmpfs" else [])
+        spec = {
+            "model": model,
+            "engine": engine,
+            "connector": kvtier_config(opts, fs),
+            "program": rounds,
+            "soak": {
+                "disk_faults": {
+                    "seed": opts.seed + 2,
+                    "kinds": kinds,
+                    "interval": opts.disk_fault_interval,
+                    "enospc_seconds": 1.0,
+                }
+            },
+        }
+        t1 = time.perf_counter()
+        status, result = _run_engine(spec, out_dir / "engine-kvtier.log", bar, env)
+        t_kvtier = time.perf_counter() - t1
+    if bar is not None:
+        bar.n = 2 * total
+        bar.refresh()
+        bar.close()
+    report = summarize(opts, oracle, status, result, enospc_mode)
+    report.update(
+        machine=machine_info(),
+        binding=env,
+        workload={
+            "rounds": opts.rounds,
+            "requests": total,
+            "shape": asdict(opts.shape),
+            "engine": engine,
+        },
+        config={**asdict(opts), "kvtier": kvtier_config(opts, "<tmpfs>")},
+        seconds={
+            "oracle": t_oracle,
+            "kvtier": t_kvtier,
+            "oracle_rounds": [op["seconds"] for op in oracle["ops"]],
+            "kvtier_rounds": [op["seconds"] for op in (result or {}).get("ops", [])],
+            "oracle_reused": reused,
+        },
+    )
+    print(format_report(report))
+    path = Path(opts.json) if opts.json else out_dir / "soak.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nresults written to {path}")
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    s = report["summary"]
+    rows: list[tuple[str, str]] = [
+        ("requests", str(s["requests"])),
+        ("faults injected", str(s["faults_injected_total"])),
+    ]
+    rows += [(f"  {k}", str(v)) for k, v in sorted(s["faults_injected"].items())]
+    rows += [(f"  detected {k}", str(v)) for k, v in sorted(report["detected"].items())]
+    growth = s["rss_growth_after_warmup"]
+    rows += [
+        ("wrong outputs", str(s["wrong_outputs"])),
+        ("failed requests", str(s["failed_requests"])),
+        ("crashes", str(s["crashes"])),
+        (
+            "leaked slots / pins / jobs",
+            f"{s['leaked_slots']} / {s['leaked_pins']} / {s['leaked_jobs']}",
+        ),
+        ("rss growth after warm-up", f"{growth:.3f}" if growth else "n/a"),
+        ("hit tokens", ", ".join(f"{k} {v}" for k, v in sorted(s["hit_tokens"].items()))),
+        ("preemptions / aborts", f"{report.get('preemptions')} / {report.get('aborted')}"),
+        ("ENOSPC", s["enospc"]),
+        ("remote tier", s["remote_tier"]),
+    ]
+    secs = report.get("seconds", {})
+    if secs:
+        rows.append(("seconds oracle / kvtier", f"{secs['oracle']:.0f} / {secs['kvtier']:.0f}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["", "kvtier soak", *(f"{k.ljust(width)}  {v}" for k, v in rows)])

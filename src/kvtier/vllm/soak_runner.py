@@ -1,0 +1,161 @@
+"""The engine side of ``kvtier soak``: a runner program plus faults, memory and leak checks.
+
+``python -m kvtier.vllm.soak_runner SPEC.json OUT.json`` runs a :mod:`kvtier.vllm.runner`
+spec whose program is a list of ``serve`` ops (rounds), with two additions under
+``"soak"``:
+
+- ``"disk_faults"``: ``{"seed", "kinds", "interval", "enospc_seconds"}`` starts a
+  :class:`~kvtier.soak.disk_faults.DiskFaultInjector` on the disk tier's directory for the
+  whole program (real corrupt / truncated slab files, a full filesystem);
+- after every round the process's resident memory (``VmRSS``) is recorded.
+
+After the last round the engine is drained and kvtier's state is checked for leaks: jobs
+still tracked (scheduler, worker, transfer queues), requests still tracked, pins left,
+slots neither free nor holding a ready chunk, index invariants. OUT holds the rounds'
+results (as the runner writes them), ``rss_bytes`` per round, ``faults`` (what the stores
+and the injector did, by kind), ``leaks`` and kvtier's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from kvtier.vllm import runner
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, from /proc (0 where unavailable)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _stores(llm: Any) -> dict[str, Any]:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker: Any = getattr(get_kv_transfer_group(), "worker", None)
+    return dict(worker.engine.stores) if worker is not None else {}
+
+
+def fault_counts(llm: Any) -> dict[str, int]:
+    """What the stores injected or detected, by kind (FaultyStore wrappers and DiskSlab)."""
+    out: dict[str, int] = {}
+    for name, store in _stores(llm).items():
+        inner = getattr(store, "inner", None)
+        if inner is not None:  # a FaultyStore
+            out[f"{name}_read_error"] = store.failed_reads
+            out[f"{name}_write_error"] = store.failed_writes
+            out[f"{name}_slow_copy"] = store.slow_ops
+            store = inner
+        for attr in ("corrupt_reads", "io_errors", "stale_reads"):
+            if hasattr(store, attr):
+                out[f"{name}_detected_{attr}"] = int(getattr(store, attr))
+    return out
+
+
+def leaks(llm: Any) -> dict[str, Any]:
+    """kvtier's leftovers once the engine is drained (all zero when nothing leaked)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    from kvtier.tiers.index import STORING
+
+    conn = runner._connector(llm)
+    runner.drain(llm)
+    m = conn.manager
+    group: Any = get_kv_transfer_group()
+    worker: Any = group.worker
+    out: dict[str, Any] = {
+        "jobs": len(m._jobs) + len(m._loading) + len(m._pending_copies),
+        "worker_jobs": len(worker._inflight) + len(worker.engine.pending()),
+        "requests": m.num_requests(),
+        "pins": 0,
+        "slots": 0,
+        "index_errors": [],
+        "tiers": {},
+    }
+    for tier in m.tiers:
+        index = tier.index
+        entries = index._entries.values()
+        pins = sum(e.pins for e in entries)
+        storing = sum(e.state == STORING for e in entries)
+        lost = index.num_slots - len(index._entries) - index.free_slots
+        try:
+            index.check()
+        except AssertionError as e:
+            out["index_errors"].append(f"{tier.name}: {e}")
+        out["pins"] += pins
+        out["slots"] += storing + max(0, lost)
+        out["tiers"][tier.name] = {
+            "chunks": len(index),
+            "free": index.free_slots,
+            "storing": storing,
+            "pins": pins,
+        }
+    return out
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    llm = runner.build_llm(spec)
+    out: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0, "ops": []}
+    soak = spec.get("soak") or {}
+    conn = runner._connector(llm)
+    injector = None
+    df = soak.get("disk_faults")
+    if df and conn is not None:
+        from kvtier.soak.disk_faults import DiskFaultInjector
+
+        disk_dir = conn.setup.disk_dir(0)
+        injector = DiskFaultInjector(
+            disk_dir,
+            int(df.get("seed", 0)),
+            tuple(df.get("kinds", ("corrupt", "truncate", "enospc"))),
+            float(df.get("interval", 1.0)),
+            float(df.get("enospc_seconds", 1.0)),
+        ).start()
+    history: dict[str, list[int]] = {}
+    out["rss_bytes"] = [rss_bytes()]
+    try:
+        for op in spec["program"]:
+            if op["op"] != "serve":
+                raise ValueError(f"soak runner: only serve ops, got {op['op']!r}")
+            out["ops"].append(runner.serve(llm, op, history))
+            out["rss_bytes"].append(rss_bytes())
+    finally:
+        if injector is not None:
+            injector.stop()
+    if conn is not None:
+        out["leaks"] = leaks(llm)
+        conn.get_kv_connector_stats()  # fold the last interval into the totals
+        out["metrics"] = conn.totals.to_dict()
+        out["faults"] = fault_counts(llm)
+        out["preemptions"] = conn.preemptions
+        if injector is not None:
+            out["faults"].update({f"disk_{k}": n for k, n in injector.counts.items()})
+            out["faults_not_possible"] = dict(injector.misses)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kvtier.vllm.soak_runner SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    with open(args[0]) as f:
+        spec = json.load(f)
+    result = run(spec)
+    with open(args[1], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

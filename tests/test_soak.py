@@ -1,0 +1,39 @@
+"""The CI soak: about 100 requests of mixed traffic on a real vLLM engine with the CPU and
+disk tiers while faults are injected at random (failed and slow copies, disk read/write
+errors, corrupted and truncated slab files, a full filesystem), against an oracle engine
+without kvtier. Runs in the default suite (marker ``soak``, not ``slow``); the full soak
+is ``kvtier soak`` (1,000+ requests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtier.soak.run import SoakOptions, run_soak
+
+pytestmark = [pytest.mark.vllm, pytest.mark.soak]
+
+
+def test_short_soak_runs_clean(tmp_path):
+    opts = SoakOptions(
+        requests=100, seed=1, out=str(tmp_path), progress=False, disk_fault_interval=0.7
+    )
+    report = run_soak(opts)
+    s = report["summary"]
+    assert s["requests"] >= 100
+    assert s["faults_injected_total"] >= 10, s["faults_injected"]
+    # Faults of every kind the soak promises were injected.
+    for kind in ("cpu_read_error", "cpu_write_error", "disk_read_error", "disk_write_error"):
+        assert kind in s["faults_injected"]
+    assert (
+        s["faults_injected"].get("disk_corrupt", 0) + s["faults_injected"].get("disk_truncate", 0)
+        > 0
+    )
+    assert s["wrong_outputs"] == 0, report["problems"]
+    assert s["failed_requests"] == 0 and s["crashes"] == 0
+    assert s["leaked_slots"] == 0 and s["leaked_pins"] == 0 and s["leaked_jobs"] == 0
+    assert not s["index_errors"]
+    assert s["hit_tokens"].get("host", 0) > 0 and s["hit_tokens"].get("disk", 0) > 0
+    assert report["preemptions"] > 0 and report["aborted"] > 0
+    assert json.loads((tmp_path / "soak.json").read_text())["summary"] == s
