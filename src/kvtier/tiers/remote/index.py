@@ -131,6 +131,9 @@ class RemoteIndex:
     def touch(self, keys: Sequence[Key]) -> None:
         return None  # the server keeps its own recency (allkeys-lru)
 
+    def observe(self, keys: Sequence[Key]) -> None:
+        return None  # the server's policy decides what stays
+
     def invalidate(self, key: Key) -> list[Key]:
         return []  # other engines may hold good copies; a bad value is just a miss
 
