@@ -28,25 +28,26 @@ from kvtier.tiers.remote.url import RemoteTarget
 log = logging.getLogger("kvtier")
 
 # How many leading chunks have every rank's key. ARGV: the name prefix, the chunks' name
-# middles concatenated (each ``width`` bytes), ``width``, then one name suffix per rank.
+# middles concatenated (each ``width`` bytes), ``width``, chunks per EXISTS, then one name
+# suffix per rank.
 # One argument for all chunks keeps a 4,096-chunk probe cheap to send and to parse. Names
 # are built here, so the script may touch keys of several slots: in a cluster it is sent to
 # the node owning every chunk passed (allow-cross-slot-keys, Redis >= 7.0).
 PROBE_SCRIPT = (
     "#!lua flags=allow-cross-slot-keys,no-writes\n"
-    "local prefix, mids, w = ARGV[1], ARGV[2], tonumber(ARGV[3])\n"
+    "local prefix, mids, w, b = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])\n"
     "local n = #mids / w\n"
     "local i = 0\n"
     "while i < n do\n"
     # A batch of chunks in one multi-key EXISTS; only a batch with a miss goes key by key.
     "  local names = {}\n"
-    "  local last = math.min(n, i + 256) - 1\n"
+    "  local last = math.min(n, i + b) - 1\n"
     "  for j = i, last do\n"
     "    local name = prefix .. string.sub(mids, j * w + 1, (j + 1) * w)\n"
-    "    for r = 4, #ARGV do names[#names + 1] = name .. ARGV[r] end\n"
+    "    for r = 5, #ARGV do names[#names + 1] = name .. ARGV[r] end\n"
     "  end\n"
     "  if redis.call('EXISTS', unpack(names)) < #names then\n"
-    "    local per = #ARGV - 3\n"
+    "    local per = #ARGV - 4\n"
     "    for k = 1, #names do\n"
     "      if redis.call('EXISTS', names[k]) == 0 then return i + math.floor((k - 1) / per) end\n"
     "    end\n"
@@ -192,7 +193,10 @@ class RemoteClient:
         self, prefix: bytes, mids: Sequence[bytes], suffixes: Sequence[bytes], node: Any = None
     ) -> int:
         width = len(mids[0])
-        args: list[Any] = [0, prefix, b"".join(mids), width, *suffixes]
+        # A multi-key EXISTS must stay in one slot in a cluster: one chunk (its ranks share
+        # the hash tag) per EXISTS there, 256 chunks per EXISTS on a standalone server.
+        batch = 1 if self.target.cluster else 256
+        args: list[Any] = [0, prefix, b"".join(mids), width, batch, *suffixes]
         kw = {} if node is None else {"target_nodes": node}
         if self._script_sha is None:
             sha = self.client.execute_command("SCRIPT", "LOAD", PROBE_SCRIPT, **kw)
