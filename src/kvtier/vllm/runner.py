@@ -36,6 +36,8 @@ import sys
 import time
 from typing import Any
 
+from kvtier import timeline
+
 _FINISHED = [0]
 """Requests finished by this process, across ops (the progress counter)."""
 
@@ -108,6 +110,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 ignore_eos=r.get("ignore_eos", False),
             )
             engine.add_request(r["id"], TokensPrompt(prompt_token_ids=prompt), sp)
+            timeline.event("runner.add", req=r["id"], tokens=len(prompt))
             running[r["id"]] = {
                 "id": r["id"],
                 "prompt_len": len(prompt),
@@ -118,7 +121,10 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
         if not running:
             time.sleep(0.005)
             continue
-        for out in engine.step():
+        timeline.event("runner.step_start")
+        outs = engine.step()
+        timeline.event("runner.step_end", outputs=len(outs))
+        for out in outs:
             rec = running.get(out.request_id)
             if rec is None:
                 continue
@@ -138,6 +144,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 continue
             if "ttft" not in rec and out.outputs and out.outputs[0].token_ids:
                 rec["ttft"] = t - rec["start"]
+                timeline.event("runner.first_token", req=rec["id"], ttft=rec["ttft"])
             if out.finished:
                 rec["e2e"] = t - rec["start"]
                 rec["output"] = list(out.outputs[0].token_ids)
