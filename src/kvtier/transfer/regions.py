@@ -75,7 +75,7 @@ class KVRegions:
             if ident in seen:
                 continue
             seen.add(ident)
-            declared = block_dim[name] if isinstance(block_dim, Mapping) else block_dim
+            declared = block_dim.get(name or "") if isinstance(block_dim, Mapping) else block_dim
             dim = _block_dim(t, num_blocks, declared)
             outer = t.shape[:dim]
             for idx in itertools.product(*(range(s) for s in outer)):
