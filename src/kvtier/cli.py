@@ -122,6 +122,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--doc-tokens", type=int, default=600, help="document length in tokens")
     b.add_argument("--trace", default=None, help="Mooncake-format JSONL for --workload trace")
     b.add_argument("--out", default="bench-results", help="directory for results.json and plots")
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads of every mode's engine (default: all cores; equal in all modes)",
+    )
     b.set_defaults(func=_bench)
 
     s = sub.add_parser("sim", help="trace-driven cache simulation of kvtier's policies")

@@ -24,6 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench import report
+from kvtier.bench.binding import (
+    binding_env,
+    check_equal,
+    default_threads,
+    describe,
+    same_binding,
+)
 from kvtier.bench.machine import machine_info, preferred_dtype
 from kvtier.bench.workloads import WORKLOADS, Workload, WorkloadOptions, build
 from kvtier.errors import ConfigError
@@ -53,6 +60,9 @@ class BenchOptions:
     doc_tokens: int = 600
     trace: str | None = None
     out: str = "bench-results"
+    threads: int | None = None
+    """Compute threads of every mode's engine (None: all cores; engines run in process).
+    The same for every mode, set explicitly: see ``kvtier.bench.binding``."""
 
 
 def validate(opts: BenchOptions) -> str:
@@ -72,6 +82,8 @@ def validate(opts: BenchOptions) -> str:
     for name in ("requests", "concurrency", "device_blocks", "max_tokens", "doc_tokens"):
         if getattr(opts, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')}: must be > 0")
+    if opts.threads is not None:
+        binding_env(opts.threads, multiprocess=False)  # raises on a bad count
     if opts.model is None:
         from kvtier.models import smollm2_path
 
@@ -116,6 +128,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "num_gpu_blocks_override": opts.device_blocks,
         "max_model_len": min(4096, (opts.device_blocks - 1) * 32),
     }
+    threads = opts.threads or default_threads(multiprocess=False)
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     total = len(opts.modes) * (1 + sum(len(w.requests) for w in workloads))  # + warm-up
@@ -130,16 +143,31 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
                 "connector": connector_config(mode, opts),
                 "inspect": mode != "baseline",
                 "program": _program(workloads, opts),
+                "threads": threads,
             }
             raw[mode] = _run_with_progress(spec, bar, out_dir / f"engine-{mode}.log")
     elapsed = time.perf_counter() - t_start
 
+    binding = {m: raw[m].get("binding") for m in opts.modes}
     results: dict[str, Any] = {
         "machine": machine_info(),
-        "config": {**asdict(opts), "model": model, "dtype": dtype, "engine": engine},
+        "config": {
+            **asdict(opts),
+            "model": model,
+            "dtype": dtype,
+            "engine": engine,
+            "threads": threads,
+        },
+        "binding": binding,
+        "threads_equal": same_binding(binding),
         "seconds": elapsed,
         "workloads": {},
     }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    check_equal(binding)  # no table of engines that computed on different threads
+    first = next(iter(binding.values()))
+    assert first is not None
+    console.print(f"every mode's engine computed on {describe(first)} (measured)")
     for i, wl in enumerate(workloads):
         ops = {m: raw[m]["ops"][i] for m in opts.modes}
         base = ops.get("baseline")

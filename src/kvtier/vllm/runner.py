@@ -9,7 +9,7 @@ SPEC (JSON)::
 
     {"model": "<dir>" | null (SmolLM2), "engine": {LLM keyword overrides},
      "connector": {kv_connector_extra_config} | null, "by_name": false,
-     "multiprocess": false, "inspect": false,
+     "multiprocess": false, "inspect": false, "threads": null (see below),
      "program": [
         {"op": "serve", "name": "...", "requests": [{"id": "a", "prompt": [ids],
           "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>"}],
@@ -26,6 +26,10 @@ prompt is that request's prompt + its output (without a final end-of-sequence to
 kvtier has no job in flight. OUT holds every op's results and, with ``inspect``, kvtier's
 internal state (in-process engines only). With ``$KVTIER_PROGRESS`` set, the number of
 requests finished so far (all ops) is written to that file as they finish.
+
+``threads``: the engine's compute threads, set explicitly whether or not a connector is
+configured (default :func:`kvtier.bench.binding.default_threads`), so that engines a
+benchmark compares compute alike; OUT's ``binding`` is what the model worker measured.
 """
 
 from __future__ import annotations
@@ -37,15 +41,22 @@ import time
 from typing import Any
 
 from kvtier import timeline
+from kvtier.bench.binding import binding_env, default_threads
 
 _FINISHED = [0]
 """Requests finished by this process, across ops (the progress counter)."""
 
 
 def build_llm(spec: dict[str, Any]) -> Any:
-    if not spec.get("multiprocess"):
+    multiprocess = bool(spec.get("multiprocess"))
+    if not multiprocess:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    threads = spec.get("threads") or default_threads(multiprocess)
+    os.environ.update(binding_env(threads, multiprocess))
+    import torch
+
+    torch.set_num_threads(threads)  # in process, before vLLM's worker forbids it
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -60,6 +71,7 @@ def build_llm(spec: dict[str, Any]) -> Any:
         "block_size": 32,
         "max_num_seqs": 8,
         "seed": 0,
+        "worker_extension_cls": "kvtier.vllm.probe.BindingProbe",
     }
     kw.update(spec.get("engine") or {})
     if spec.get("connector") is not None:
@@ -253,6 +265,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"runner: unknown op {kind!r}")
     if spec.get("inspect") and _connector(llm) is not None:
         out["kvtier"] = inspect(llm)
+    out["binding"] = llm.collective_rpc("kvtier_binding")[0]
     return out
 
 
