@@ -123,6 +123,17 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", default=None, help="Mooncake-format JSONL for --workload trace")
     b.add_argument("--out", default="bench-results", help="directory for results.json and plots")
     b.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help="drive the workloads over HTTP against this running OpenAI-compatible server",
+    )
+    b.add_argument(
+        "--serve",
+        action="store_true",
+        help="start an OpenAI server per mode (127.0.0.1) and drive it over HTTP",
+    )
+    b.add_argument(
         "--threads",
         type=int,
         default=None,

@@ -42,6 +42,7 @@ from typing import Any
 
 from kvtier import timeline
 from kvtier.bench.binding import binding_env, default_threads
+from kvtier.bench.workloads import next_ready
 
 _FINISHED = [0]
 """Requests finished by this process, across ops (the progress counter)."""
@@ -109,7 +110,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
     while pending or running:
         now = time.perf_counter() - t0
         while len(running) < limit:
-            r = _next_ready(pending, now, history)
+            r = next_ready(pending, now, history)
             if r is None:
                 break
             prompt = list(r["prompt"])
@@ -184,18 +185,6 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
         "seconds": elapsed,
         "requests": [done[r["id"]] for r in op["requests"]],
     }
-
-
-def _next_ready(
-    pending: list[dict[str, Any]], now: float, history: dict[str, list[int]]
-) -> dict[str, Any] | None:
-    """Pop the first request that has arrived and whose predecessor (if any) finished."""
-    for i, r in enumerate(pending):
-        if r.get("arrival", 0.0) > now:
-            return None
-        if not r.get("extend") or r["extend"] in history:
-            return pending.pop(i)
-    return None
 
 
 def drain(llm: Any, timeout: float = 30.0) -> None:
