@@ -91,9 +91,14 @@ def declared_block_dims(
             dim = page_view_block_dim(spec, kv_cache_config.num_blocks, t)
             if dim is None and name in backends:
                 dim = backend_block_dim(backends[name], spec, t)
-        if dim is None:
-            log.warning("kvtier: vLLM declares no KV layout for %s; guessing from sizes", name)
         out[name] = dim
+    undeclared = [n for n, d in out.items() if d is None]
+    if undeclared:
+        log.warning(
+            "kvtier: vLLM declares no KV layout for %d tensor(s) (%s, ...); guessing from sizes",
+            len(undeclared),
+            undeclared[0],
+        )
     return out
 
 
