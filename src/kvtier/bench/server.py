@@ -113,34 +113,28 @@ class Server:
             return ""
 
     def binding(self) -> dict[str, Any] | None:
-        """The model worker's binding, read from ``/proc``: the server's descendant with
-        the most threads computes (its OpenMP team); its threads' core sets and
-        ``OMP_NUM_THREADS`` as that process sees it."""
-        best: tuple[int, int] | None = None
+        """The model worker's binding, read from ``/proc``: the server's descendant that
+        vLLM started with an OpenMP placement (``OMP_PLACES``; else the one with the most
+        threads), its threads' core sets and ``OMP_NUM_THREADS`` as that process got it."""
+        best: tuple[bool, int, int, dict[str, str]] | None = None
         for pid in _descendants(self.proc.pid):
             try:
                 n = len(os.listdir(f"/proc/{pid}/task"))
+                env = _environ(pid)
             except OSError:
                 continue
-            if best is None or n > best[1]:
-                best = (pid, n)
+            key = ("OMP_PLACES" in env, n, pid, env)
+            if best is None or key[:2] > best[:2]:
+                best = key
         if best is None:
             return None
-        pid = best[0]
+        _, _, pid, env = best
         sets: set[tuple[int, ...]] = set()
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
                 sets.add(tuple(sorted(os.sched_getaffinity(int(tid)))))
             except OSError:
                 continue
-        try:
-            env = dict(
-                kv.split("=", 1)
-                for kv in Path(f"/proc/{pid}/environ").read_text().split("\0")
-                if "=" in kv
-            )
-        except OSError:
-            env = {}
         cpus = sorted(set().union(*sets)) if sets else []
         return {
             "omp_threads": int(env.get("OMP_NUM_THREADS", "0")) or None,
@@ -166,6 +160,11 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    text = Path(f"/proc/{pid}/environ").read_text(errors="replace")
+    return dict(kv.split("=", 1) for kv in text.split("\0") if "=" in kv)
 
 
 def _descendants(pid: int) -> list[int]:
