@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvtier import timeline
@@ -258,17 +259,24 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def spec_main(
+    module: str, body: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None
+) -> int:
+    """``python -m MODULE SPEC.json OUT.json``: run ``body`` on the spec, write its result."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m kvtier.vllm.runner SPEC.json OUT.json", file=sys.stderr)
+        print(f"usage: python -m {module} SPEC.json OUT.json", file=sys.stderr)
         return 2
     with open(args[0]) as f:
         spec = json.load(f)
-    result = run(spec)
+    result = body(spec)
     with open(args[1], "w") as f:
         json.dump(result, f)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return spec_main("kvtier.vllm.runner", run, argv)
 
 
 if __name__ == "__main__":
