@@ -1,11 +1,17 @@
-"""The worker-side transfer engine: two copy queues and the job bookkeeping around them.
+"""The worker-side transfer engine: copy queues (lanes) and the job bookkeeping around them.
 
-- The *normal* queue runs asynchronous loads and stores of the first store (host memory),
-  in submission order.
 - The *expedited* queue runs sync loads (hits loaded within the step). It has its own
   thread (and CUDA stream), so a sync load never waits behind queued async work.
-- The *io* queue runs jobs touching any other store (disk, shared) and every copy between
-  tiers, so slow I/O never holds up memory copies queued behind it.
+- The *load* queue runs async loads from the first store (host memory), the *io-load*
+  queue async loads from any other store (disk, shared): a request waiting for its KV
+  never queues behind stores, a write-through or a slow read (a busy engine queues stores
+  every step, and a waiting request costs TTFT, a late store only a later hit).
+- The *normal* queue runs stores into the first store, the *io* queue stores and copies
+  touching any other store, each in submission order.
+
+Loads and stores never touch the same engine blocks or tier slots at once (a loaded
+slot is pinned until its load is reported; a chunk is a hit only once its store is
+reported), so the lanes need no ordering between them beyond a job's ``after``.
 
 On CUDA each queue issues its copies on its own stream after waiting for the work the
 engine had queued on the compute stream when the job was submitted (zeroed blocks, this
@@ -24,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvtier import timeline
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.tiers.base import SlotStore
 from kvtier.transfer.copy import copy_segments
@@ -33,6 +40,9 @@ from kvtier.transfer.regions import KVRegions
 __all__ = ["JobResult", "TransferEngine"]
 
 log = logging.getLogger(__name__)
+
+_PLAN_ON_QUEUE = object()
+"""Marks a job whose copy plan is built by its queue thread."""
 
 
 class _Queue:
@@ -121,33 +131,43 @@ class TransferEngine:
         self._pending: set[int] = set()
         self._normal = _Queue("normal", self._execute, self._on_done, self.wait)
         self._expedited = _Queue("expedited", self._execute, self._on_done, self.wait)
+        self._loads = _Queue("load", self._execute, self._on_done, self.wait)
+        # Jobs touching a slower store (disk, shared) get their own queues, so slow I/O
+        # never holds up memory copies queued behind it.
         self._io = _Queue("io", self._execute, self._on_done, self.wait)
+        self._io_loads = _Queue("io-load", self._execute, self._on_done, self.wait)
         self.primary = next(iter(self.stores), "")
         self.load_bandwidth: float | None = None
 
     # -- submission and completion ---------------------------------------------------------
 
     def submit(self, job: TransferJob) -> None:
-        """Queue a job: sync loads on the expedited queue, everything else on the normal one.
+        """Queue a job on its lane (see the module docstring).
 
-        The copy plan (engine views per chunk) is built here, on the caller's thread, so the
-        queue threads only run copies, which release the GIL.
+        The copy plan (engine views per chunk) of sync loads and stores is built here, on
+        the caller's thread, so the queue threads only run copies, which release the GIL;
+        an async load is planned on its queue thread (a 4k-token disk load takes tens of
+        milliseconds to plan, which would otherwise delay the engine's step).
         """
-        try:
-            prepared: Any = self.plan(job)
-        except Exception:
-            log.exception("kvtier: cannot plan transfer job %d", job.job_id)
-            prepared = None
+        prepared: Any = _PLAN_ON_QUEUE
+        if job.sync or job.kind != "load":
+            try:
+                prepared = self.plan(job)
+            except Exception:
+                log.exception("kvtier: cannot plan transfer job %d", job.job_id)
+                prepared = None
         with self._done_cond:
             self._pending.add(job.job_id)
+        timeline.event("copy.submit", job=job.job_id, req=job.req_id, kind=job.kind, sync=job.sync)
         self._queue_of(job).submit(job, prepared)
 
     def _queue_of(self, job: TransferJob) -> _Queue:
         if job.sync:
             return self._expedited
-        if job.kind == "copy" or job.tier != self.primary:
-            return self._io
-        return self._normal
+        slow = job.kind == "copy" or job.tier != self.primary
+        if job.kind == "load":
+            return self._io_loads if slow else self._loads
+        return self._io if slow else self._normal
 
     def _on_done(self, result: JobResult) -> None:
         with self._done_cond:
@@ -181,9 +201,8 @@ class TransferEngine:
 
     def close(self) -> None:
         """Finish queued jobs, stop the threads."""
-        self._expedited.close()
-        self._normal.close()
-        self._io.close()
+        for q in (self._expedited, self._loads, self._normal, self._io_loads, self._io):
+            q.close()
         for store in self.stores.values():
             store.close()
 
@@ -229,9 +248,12 @@ class TransferEngine:
 
     def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult:
         stream, ready = ctx
+        if prepared is _PLAN_ON_QUEUE:
+            prepared = self.plan(job)
         if prepared is None:
             raise ValueError(f"job {job.job_id} has no valid copy plan")
         t0 = time.perf_counter()
+        timeline.event("copy.start", job=job.job_id, req=job.req_id, kind=job.kind, tier=job.tier)
         nbytes = len(job.block_ids) * self.regions.block_bytes
         if job.kind == "copy":
             nbytes = len(job.keys) * self.stores[job.tier].slot_bytes
@@ -242,6 +264,7 @@ class TransferEngine:
                 stream.synchronize()
         else:
             ok = self.run_plan(job, prepared)
+        timeline.event("copy.end", job=job.job_id, req=job.req_id, kind=job.kind)
         return JobResult(
             job.job_id,
             job.req_id,
