@@ -397,6 +397,7 @@ def vllm_disk_ttft(n_prompts: int, parent_dir: str | None) -> dict[str, Any]:
     process on the same directory (engine 2, empty CPU tier). Median over prompts."""
     import statistics
 
+    from kvtier.bench.binding import check_equal, default_threads
     from kvtier.bench.engine import run_engine
     from kvtier.bench.machine import preferred_dtype
     from kvtier.bench.prompts import exact_document
@@ -428,12 +429,26 @@ def vllm_disk_ttft(n_prompts: int, parent_dir: str | None) -> dict[str, Any]:
 
     try:
         print("  vLLM: engine 1 computes and writes through to disk ...", flush=True)
+        # Both engines with the same explicit compute threads (kvtier.bench.binding).
+        threads = default_threads(multiprocess=False)
         first = run_engine(
-            {"connector": conn, "engine": engine, "program": program("c"), "inspect": True}
+            {
+                "connector": conn,
+                "engine": engine,
+                "program": program("c"),
+                "inspect": True,
+                "threads": threads,
+            }
         )
         print("  vLLM: engine 2 (a new process) serves from disk ...", flush=True)
         second = run_engine(
-            {"connector": conn, "engine": engine, "program": program("d"), "inspect": True}
+            {
+                "connector": conn,
+                "engine": engine,
+                "program": program("d"),
+                "inspect": True,
+                "threads": threads,
+            }
         )
     finally:
         shutil.rmtree(disk, ignore_errors=True)
@@ -441,6 +456,8 @@ def vllm_disk_ttft(n_prompts: int, parent_dir: str | None) -> dict[str, Any]:
     def ttfts(result: dict[str, Any], tag: str) -> list[float]:
         return [r["ttft"] for op in result["ops"] if op["name"] == tag for r in op["requests"]]
 
+    binding = {"compute": first.get("binding"), "restart": second.get("binding")}
+    check_equal(binding)
     recompute = statistics.median(ttfts(first, "c"))
     disk_hit = statistics.median(ttfts(second, "d"))
     hits = [
@@ -461,6 +478,7 @@ def vllm_disk_ttft(n_prompts: int, parent_dir: str | None) -> dict[str, Any]:
         "hit_sources": hits,
         "prompts": n_prompts,
         "dtype": engine["dtype"],
+        "binding": binding,
     }
 
 

@@ -8,7 +8,16 @@ distinct document (no shared prefix), one request at a time on an idle engine:
 (b) prefix hit: the same prompt again, served by the engine's own prefix cache;
 (c) kvtier sync: the prompt was served once, the engine's prefix cache was reset, the
     prompt comes again and kvtier loads it from the CPU tier within the step;
-(d) kvtier async: as (c) with ``sync_budget=0``, so the load runs between steps.
+(d) kvtier async: as (c) with ``sync_budget=0``, so the load runs between steps;
+(e) kvtier disk hit (4k only): engine (d) also wrote every chunk through to a disk tier;
+    a new engine process on the same directory (page cache hot, CPU tier empty) serves
+    the prompts from disk. ``ttft_recompute_over_disk_hit_4k`` is the smallest per-prompt
+    ratio (recompute of a prompt / its disk hit), not the best one.
+
+Every engine runs in process with the same explicit compute threads (``--threads``,
+default all cores): vLLM would otherwise give the connector's engines another thread
+count than the baseline. Each engine measures its binding; a run whose engines differ
+prints one line and no comparison (``threads_equal`` false in the JSON).
 
 Miss path: 12 distinct 1k-token prompts, 32 output tokens each, 4 at a time; throughput
 (prompt + output tokens per second) with the connector on (0% reuse: every chunk is stored,
@@ -22,14 +31,18 @@ Run: ``.venv/bin/python benchmarks/vllm_ttft.py [--quick] [--json PATH]``.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import time
 from typing import Any
 
 from common import format_table, machine_info, write_json
+from kvtier.bench.binding import check_equal, default_threads, describe, same_binding
 from kvtier.bench.engine import run_engine
 from kvtier.bench.machine import preferred_dtype
 from kvtier.bench.prompts import exact_document
+from kvtier.errors import ConfigError
 from kvtier.models import smollm2_path
 
 MISS_PROMPTS, MISS_TOKENS, MISS_OUT, MISS_CONC = 12, 1024, 32, 4
@@ -72,6 +85,13 @@ def program(
     return ops
 
 
+def disk_program(prompts: list[list[int]], warm: list[int]) -> list[dict[str, Any]]:
+    """A restarted engine on the disk tier: each prompt once, served from disk."""
+    ops = [serve("warmup", [warm[:256]], prefix="disk-warmup")]
+    ops += [serve("disk-4096", [p], prefix=f"disk-4096-{i}") for i, p in enumerate(prompts)]
+    return ops
+
+
 def ttfts(result: dict[str, Any], name: str) -> list[float]:
     return [r["ttft"] for op in result["ops"] if op["name"] == name for r in op["requests"]]
 
@@ -91,7 +111,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1k only, 3 repetitions")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sizes", default="1024,4096")
+    ap.add_argument("--threads", type=int, default=None, help="compute threads of every engine")
     args = ap.parse_args()
+    threads = args.threads or default_threads(multiprocess=False)
     sizes = [1024] if args.quick else [int(x) for x in args.sizes.split(",")]
     reps = 3 if args.quick else args.reps
     model = smollm2_path()
@@ -99,24 +121,45 @@ def main() -> None:
     miss = [exact_document(model, 7000 + i, MISS_TOKENS) for i in range(MISS_PROMPTS)]
     # bf16 only where the CPU has bf16 matrix instructions (otherwise fp32 is ~3x faster).
     engine = {"max_model_len": 8192, "dtype": preferred_dtype()}
+    disk_dir = tempfile.mkdtemp(prefix="kvtier-ttft-disk-")
+    disk = {"disk_path": disk_dir, "disk_bytes": "4GiB"} if 4096 in sizes else {}
     configs = {
         "off": None,
         "sync": {"cpu_bytes": "2GiB", "sync_budget": "4GiB"},
-        "async": {"cpu_bytes": "2GiB", "sync_budget": 0},
+        "async": {"cpu_bytes": "2GiB", "sync_budget": 0, **disk},
     }
+    if disk:
+        configs["disk"] = {"cpu_bytes": "2GiB", "sync_budget": 0, **disk}
     results: dict[str, Any] = {}
-    for kind, connector in configs.items():
-        t0 = time.perf_counter()
-        print(f"engine '{kind}' ...", flush=True)
-        results[kind] = run_engine(
-            {
-                "connector": connector,
-                "engine": engine,
-                "inspect": connector is not None,
-                "program": program(kind, sizes, reps, docs, miss),
-            }
-        )
-        print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+    try:
+        for kind, connector in configs.items():
+            t0 = time.perf_counter()
+            print(f"engine '{kind}' ...", flush=True)
+            prog = (
+                disk_program(docs[4096][:reps], docs[sizes[0]][-1])
+                if kind == "disk"
+                else program(kind, sizes, reps, docs, miss)
+            )
+            results[kind] = run_engine(
+                {
+                    "connector": connector,
+                    "engine": engine,
+                    "inspect": connector is not None,
+                    "program": prog,
+                    "threads": threads,
+                }
+            )
+            print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        shutil.rmtree(disk_dir, ignore_errors=True)
+    binding = {k: r.get("binding") for k, r in results.items()}
+    threads_equal = same_binding(binding)
+    if not threads_equal:
+        write_json(args.json, {"summary": {"threads_equal": False}, "binding": binding})
+        try:
+            check_equal(binding)
+        except ConfigError as e:
+            raise SystemExit(f"vllm_ttft: error: {e}") from None
 
     med = statistics.median
     rows, cases = [], {}
@@ -146,6 +189,23 @@ def main() -> None:
                     f"{t['recompute'] / v:.1f}",
                 ]
             )
+    disk_ratios: list[float] = []
+    if "disk" in results:
+        hits = ttfts(results["disk"], "disk-4096")
+        recomputes = ttfts(results["off"], "first-4096")
+        disk_ratios = [r / h for r, h in zip(recomputes, hits, strict=True)]
+        t = {"kvtier_disk": med(hits)}
+        cases[4096]["kvtier_disk"] = {"median_s": t["kvtier_disk"], "samples_s": hits}
+        c = cases[4096]
+        rows.append(
+            [
+                "4096",
+                "kvtier_disk (restart)",
+                f"{t['kvtier_disk'] * 1e3:.1f}",
+                f"{t['kvtier_disk'] / c['prefix_hit']['median_s']:.2f}",
+                f"{c['recompute']['median_s'] / t['kvtier_disk']:.1f}",
+            ]
+        )
     print()
     print(
         format_table(
@@ -154,6 +214,9 @@ def main() -> None:
             title=f"TTFT, median of {reps} (SmolLM2-135M {engine['dtype']}, vLLM CPU)",
         )
     )
+    first = next(iter(binding.values()))
+    assert first is not None
+    print(f"every engine computed on {describe(first)} (measured)")
     tput_on, tput_off = throughput(results["sync"]), throughput(results["off"])
     print(
         f"\nmiss path ({MISS_PROMPTS} x {MISS_TOKENS}-token prompts, {MISS_OUT} out, "
@@ -170,16 +233,28 @@ def main() -> None:
         "ttft_async_over_sync_1k": ratio(1024, "kvtier_async", "kvtier_sync"),
         "ttft_recompute_over_sync_4k": ratio(4096, "recompute", "kvtier_sync"),
         "miss_path_throughput_ratio": tput_on / tput_off,
+        "ttft_disk_hit_over_sync_hit_4k": ratio(4096, "kvtier_disk", "kvtier_sync")
+        if disk_ratios
+        else None,
+        "ttft_recompute_over_disk_hit_4k": min(disk_ratios) if disk_ratios else None,
+        "ttft_recompute_over_disk_hit_4k_median": statistics.median(disk_ratios)
+        if disk_ratios
+        else None,
+        "threads_equal": threads_equal,
     }
     print(
         "\nsummary:",
-        ", ".join(f"{k}={v:.3f}" if v is not None else f"{k}=n/a" for k, v in summary.items()),
+        ", ".join(
+            f"{k}={v}" if isinstance(v, bool) else f"{k}={v:.3f}" if v is not None else f"{k}=n/a"
+            for k, v in summary.items()
+        ),
     )
     write_json(
         args.json,
         {
             "summary": summary,
-            "machine": machine_info(),
+            "machine": machine_info(threads=threads),
+            "binding": binding,
             "workload": {
                 "sizes": sizes,
                 "reps": reps,

@@ -166,6 +166,7 @@ class MiniEngine:
                 for r in scheduled
             ]
         )
+        plan.idle = not scheduled  # as the connector sets it from vLLM's scheduler output
         w = self.worker
         w.begin_step(plan)
         w.start_loads()

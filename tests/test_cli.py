@@ -38,6 +38,22 @@ def test_user_mistakes_are_one_clear_line(args, needle, capsys):
     assert "Traceback" not in err and len(err.splitlines()) == 1
 
 
+def test_comparison_of_unequal_bindings_is_refused():
+    from kvtier.bench.binding import check_equal, same_binding
+    from kvtier.errors import ConfigError
+
+    one = {"omp_threads": 1, "cpus": [0]}
+    two = {"omp_threads": 2, "cpus": [0, 1]}
+    check_equal({"baseline": one, "sync": dict(one)})
+    assert not same_binding({"baseline": one, "sync": two})
+    with pytest.raises(ConfigError) as e:
+        check_equal({"baseline": one, "sync": two})
+    msg = str(e.value)
+    assert "\n" not in msg and "baseline: 1 OpenMP thread(s) on cores [0]" in msg
+    with pytest.raises(ConfigError, match="async: not measured"):
+        check_equal({"baseline": one, "async": None})
+
+
 @pytest.mark.vllm
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench"
@@ -62,7 +78,14 @@ def test_bench_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
-    assert {"machine", "config", "workloads", "kvtier"} <= res.keys()
+    assert {"machine", "config", "workloads", "kvtier", "binding"} <= res.keys()
+    # Every mode's engine measured its own binding, and they are equal (the connector's
+    # engines would otherwise get another thread count than the baseline).
+    binding = res["binding"]
+    assert set(binding) == {"baseline", "async", "sync"}
+    assert len({(b["omp_threads"], tuple(b["cpus"])) for b in binding.values()}) == 1
+    assert all(b["omp_threads"] == res["config"]["threads"] for b in binding.values())
+    assert res["threads_equal"] is True
     raw = json.loads((out / "requests.json").read_text())
     for wl in ("multi-turn", "no-reuse"):
         modes = res["workloads"][wl]["modes"]

@@ -45,6 +45,23 @@ def test_budget_zero_loads_async():
         e.close()
 
 
+def test_idle_step_reports_its_async_load_in_the_same_step():
+    """An engine with nothing else to compute waits for the async load it just started
+    (a 50 ms read), so the request is schedulable after one step, not after the engine
+    spun through empty steps polling for it."""
+    cfg = KVTierConfig(chunk_tokens=8, sync_budget=SyncBudget("off"))
+    e = MiniEngine(cfg, fault=FaultPlan(slow_rate=1.0, slow_seconds=0.05))
+    try:
+        run_one(e, "a", list(range(40)))
+        r = e.add("b", list(range(40)) + [1])
+        e.step()
+        assert r.async_hit == 40 and not r.waiting_load
+        e.run()
+        assert e.wrong == 0
+    finally:
+        e.close()
+
+
 def test_full_hit_sync_is_trimmed_by_one_token():
     e = MiniEngine(CFG)
     try:

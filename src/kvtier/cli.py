@@ -132,6 +132,23 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--doc-tokens", type=int, default=600, help="document length in tokens")
     b.add_argument("--trace", default=None, help="Mooncake-format JSONL for --workload trace")
     b.add_argument("--out", default="bench-results", help="directory for results.json and plots")
+    b.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help="drive the workloads over HTTP against this running OpenAI-compatible server",
+    )
+    b.add_argument(
+        "--serve",
+        action="store_true",
+        help="start an OpenAI server per mode (127.0.0.1) and drive it over HTTP",
+    )
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads of every mode's engine (default: all cores; equal in all modes)",
+    )
     b.set_defaults(func=_bench)
 
     s = sub.add_parser("sim", help="trace-driven cache simulation of kvtier's policies")

@@ -105,6 +105,10 @@ class StepPlan:
     """Jobs that must finish before the forward pass (their blocks are about to be reused)."""
     release: dict[str, list[int]] = field(default_factory=dict)
     """Finished requests whose blocks stay alive until these jobs are done."""
+    idle: bool = False
+    """The engine computes nothing this step (only async loads are waited for): the
+    workers may block for this step's async loads, so they are reported in this step
+    rather than after another round trip (see ``WorkerSide.transfer_results``)."""
 
     def is_empty(self) -> bool:
         return not (self.loads or self.stores or self.flush or self.release)

@@ -8,7 +8,11 @@ Per step, in the engine's order:
 3. the engine's forward pass;
 4. ``end_forward()``: queue the plan's stores (they read KV this forward wrote, and must
    not delay it);
-5. ``transfer_results()``, ``load_errors()``, ``report()``.
+5. ``transfer_results()``, ``load_errors()``, ``report()``. In a step where the
+   engine computes nothing (``plan.idle``: the only work is waiting for async loads), this
+   first waits for the step's async loads, up to ``IDLE_WAIT_SECONDS``: an idle engine
+   would otherwise spin through empty steps (competing with the copy for the CPU) and
+   learn of the load one step late.
 
 Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
 """
@@ -21,6 +25,10 @@ from collections.abc import Iterable
 from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.transfer.engine import TransferEngine
 
+IDLE_WAIT_SECONDS = 0.25
+"""The longest an idle step waits for its async loads. Bounds how late a request that
+arrives meanwhile is scheduled; a load still running then is reported by a later step."""
+
 
 class WorkerSide:
     """Drives a TransferEngine from StepPlans; single-threaded (the engine's thread)."""
@@ -32,6 +40,7 @@ class WorkerSide:
         self._async_loads: dict[str, set[int]] = {}
         self._release: dict[str, set[int]] = {}
         self._results: list[JobResult] = []
+        self._idle_loads: list[int] = []
         self._load_errors: set[int] = set()
         self._t_begin = 0.0
         self._load_seconds = 0.0
@@ -68,6 +77,8 @@ class WorkerSide:
             if not job.sync:
                 self._async_loads.setdefault(job.req_id, set()).add(job.job_id)
                 self._submit(job)
+                if plan.idle:
+                    self._idle_loads.append(job.job_id)
         self._collect()
         self._load_seconds += time.perf_counter() - t0
 
@@ -98,6 +109,9 @@ class WorkerSide:
 
     def transfer_results(self) -> tuple[set[str], set[str]]:
         """``(finished sending, finished receiving)`` request ids, vLLM's get_finished."""
+        if self._idle_loads:
+            self.engine.wait(self._idle_loads, timeout=IDLE_WAIT_SECONDS)
+            self._idle_loads = []
         self._collect()
         recving: set[str] = set()
         for req_id, ids in list(self._async_loads.items()):

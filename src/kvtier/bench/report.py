@@ -32,6 +32,9 @@ def summarize(op: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, 
         tokens["recomputed"] += r["prompt_len"] - max(r["num_cached"], external)
         if r.get("load") in loads:
             loads[r["load"]] += 1
+    for src, n in (op.get("kvtier_hit_tokens") or {}).items():  # over HTTP: per workload
+        tokens[src if src in tokens else "remote"] += n
+        tokens["device"] = max(0, tokens["device"] - n)
     out_tokens = sum(len(r["output"]) for r in reqs)
     prompt_tokens = sum(r["prompt_len"] for r in reqs)
     result: dict[str, Any] = {

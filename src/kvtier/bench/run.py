@@ -24,6 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench import report
+from kvtier.bench.binding import (
+    binding_env,
+    check_equal,
+    default_threads,
+    describe,
+    same_binding,
+)
+from kvtier.bench.http import run_http_modes
 from kvtier.bench.machine import machine_info, preferred_dtype
 from kvtier.bench.workloads import WORKLOADS, Workload, WorkloadOptions, build
 from kvtier.errors import ConfigError
@@ -53,6 +61,15 @@ class BenchOptions:
     doc_tokens: int = 600
     trace: str | None = None
     out: str = "bench-results"
+    threads: int | None = None
+    """Compute threads of every mode's engine (None: all cores in process, one fewer for
+    a server's model worker). The same for every mode, set explicitly: see
+    ``kvtier.bench.binding``."""
+    server: str | None = None
+    """URL of a running OpenAI-compatible server: drive the workloads over HTTP against
+    it (one mode, "server"; it must serve the bench model)."""
+    serve: bool = False
+    """Start an OpenAI server per mode and drive the workloads over HTTP."""
 
 
 def validate(opts: BenchOptions) -> str:
@@ -72,6 +89,12 @@ def validate(opts: BenchOptions) -> str:
     for name in ("requests", "concurrency", "device_blocks", "max_tokens", "doc_tokens"):
         if getattr(opts, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')}: must be > 0")
+    if opts.server and opts.serve:
+        raise ConfigError("--server, --serve: give one (a running server, or start one per mode)")
+    if opts.server and not opts.server.startswith(("http://", "https://")):
+        raise ConfigError(f"--server: expected an http:// URL, got {opts.server!r}")
+    if opts.threads is not None:
+        binding_env(opts.threads, multiprocess=False)  # raises on a bad count
     if opts.model is None:
         from kvtier.models import smollm2_path
 
@@ -116,13 +139,29 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "num_gpu_blocks_override": opts.device_blocks,
         "max_model_len": min(4096, (opts.device_blocks - 1) * 32),
     }
+    http = bool(opts.server or opts.serve)
+    threads = opts.threads or default_threads(multiprocess=http)
+    modes = ("server",) if opts.server else opts.modes
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    total = len(opts.modes) * (1 + sum(len(w.requests) for w in workloads))  # + warm-up
+    total = len(modes) * (1 + sum(len(w.requests) for w in workloads))  # + warm-up
     raw: dict[str, dict[str, Any]] = {}
     t_start = time.perf_counter()
     with tqdm(total=total, desc="kvtier bench", unit="req") as bar:
-        for mode in opts.modes:
+        if http:
+            raw = run_http_modes(
+                opts.server,
+                modes,
+                workloads,
+                lambda m: connector_config(m, opts),
+                model=model,
+                engine=engine,
+                threads=threads,
+                concurrency=opts.concurrency,
+                out_dir=out_dir,
+                bar=bar,
+            )
+        for mode in () if http else modes:
             bar.set_postfix_str(f"mode {mode}")
             spec = {
                 "model": model,
@@ -130,30 +169,47 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
                 "connector": connector_config(mode, opts),
                 "inspect": mode != "baseline",
                 "program": _program(workloads, opts),
+                "threads": threads,
             }
             raw[mode] = _run_with_progress(spec, bar, out_dir / f"engine-{mode}.log")
     elapsed = time.perf_counter() - t_start
 
+    binding = {m: raw[m].get("binding") for m in modes}
     results: dict[str, Any] = {
         "machine": machine_info(),
-        "config": {**asdict(opts), "model": model, "dtype": dtype, "engine": engine},
+        "config": {
+            **asdict(opts),
+            "model": model,
+            "dtype": dtype,
+            "engine": engine,
+            "threads": threads,
+        },
+        "binding": binding,
+        "threads_equal": same_binding(binding),
         "seconds": elapsed,
         "workloads": {},
     }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if len(modes) > 1:
+        check_equal(binding)  # no table of engines that computed on different threads
+        console.print(f"every mode's engine computed on {describe(binding[modes[0]] or {})}")
     for i, wl in enumerate(workloads):
-        ops = {m: raw[m]["ops"][i] for m in opts.modes}
+        ops = {m: raw[m]["ops"][i] for m in modes}
         base = ops.get("baseline")
-        modes = {
+        stats = {
             m: report.summarize(op, base if m != "baseline" else None) for m, op in ops.items()
         }
+        if base is None:  # a lone running server: nothing to compare outputs with
+            for s in stats.values():
+                s["outputs_match_baseline"] = None
         results["workloads"][wl.name] = {
             "description": wl.description,
             "params": wl.params,
-            "modes": modes,
+            "modes": stats,
             "raw": ops,
         }
-        console.print(report.table(wl.name, wl.description, modes))
-    results["kvtier"] = {m: raw[m].get("kvtier") for m in opts.modes}
+        console.print(report.table(wl.name, wl.description, stats))
+    results["kvtier"] = {m: raw[m].get("kvtier") for m in modes}
     results["plots"] = report.plots(results, out_dir)
     slim = dict(results)
     slim["workloads"] = {

@@ -194,3 +194,16 @@ def _hash_tokens(h: int, n: int) -> list[int]:
     """Deterministic token ids standing for trace hash id ``h`` (ordinary vocabulary ids)."""
     rng = random.Random(h * 7919 + 1)
     return [rng.randrange(1000, 40000) for _ in range(n)]
+
+
+def next_ready(
+    pending: list[dict[str, Any]], now: float, history: dict[str, list[int]]
+) -> dict[str, Any] | None:
+    """Pop the first request that has arrived and whose predecessor (if any) finished
+    (``history`` holds finished requests' prompt + output)."""
+    for i, r in enumerate(pending):
+        if r.get("arrival", 0.0) > now:
+            return None
+        if not r.get("extend") or r["extend"] in history:
+            return pending.pop(i)
+    return None

@@ -1,14 +1,20 @@
-"""The worker-side transfer engine: two copy queues and the job bookkeeping around them.
+"""The worker-side transfer engine: copy queues (lanes) and the job bookkeeping around them.
 
-- The *normal* queue runs asynchronous loads and stores of the first store (host memory),
-  in submission order.
 - The *expedited* queue runs sync loads (hits loaded within the step). It has its own
   thread (and CUDA stream), so a sync load never waits behind queued async work.
-- The *io* queue runs jobs touching any other store (disk, in-process shared) and every copy
-  between tiers, so slow I/O never holds up memory copies queued behind it.
-- The *net* queue (only when a store says ``network = True``: remote tiers) runs every job
-  touching a network store, copies into it included, so a slow or dead server never holds
-  up disk I/O, nor disk I/O the network.
+- The *load* queue runs async loads from the first store (host memory), the *io-load*
+  queue async loads from any other local store (disk, in-process shared): a request waiting
+  for its KV never queues behind stores, a write-through or a slow read (a busy engine
+  queues stores every step, and a waiting request costs TTFT, a late store only a later hit).
+- The *normal* queue runs stores into the first store, the *io* queue stores and copies
+  touching any other local store, each in submission order.
+- The *net-load* and *net* queues (only when a store says ``network = True``: remote tiers)
+  run the loads, and the stores and copies, touching a network store, so a slow or dead
+  server never holds up disk I/O, nor disk I/O the network.
+
+Loads and stores never touch the same engine blocks or tier slots at once (a loaded
+slot is pinned until its load is reported; a chunk is a hit only once its store is
+reported), so the lanes need no ordering between them beyond a job's ``after``.
 
 On CUDA each queue issues its copies on its own stream after waiting for the work the
 engine had queued on the compute stream when the job was submitted (zeroed blocks, this
@@ -27,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvtier import timeline
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.tiers.base import SlotStore
 from kvtier.transfer.copy import copy_segments
@@ -36,6 +43,9 @@ from kvtier.transfer.regions import KVRegions
 __all__ = ["JobResult", "TransferEngine"]
 
 log = logging.getLogger(__name__)
+
+_PLAN_ON_QUEUE = object()
+"""Marks a job whose copy plan is built by its queue thread."""
 
 
 class _Queue:
@@ -124,40 +134,53 @@ class TransferEngine:
         self._pending: set[int] = set()
         self._normal = _Queue("normal", self._execute, self._on_done, self.wait)
         self._expedited = _Queue("expedited", self._execute, self._on_done, self.wait)
+        self._loads = _Queue("load", self._execute, self._on_done, self.wait)
+        # Jobs touching a slower store (disk, shared) get their own queues, so slow I/O
+        # never holds up memory copies queued behind it.
         self._io = _Queue("io", self._execute, self._on_done, self.wait)
+        self._io_loads = _Queue("io-load", self._execute, self._on_done, self.wait)
         self._net: _Queue | None = None
+        self._net_loads: _Queue | None = None
         if any(getattr(s, "network", False) for s in self.stores.values()):
             self._net = _Queue("net", self._execute, self._on_done, self.wait)
+            self._net_loads = _Queue("net-load", self._execute, self._on_done, self.wait)
         self.primary = next(iter(self.stores), "")
         self.load_bandwidth: float | None = None
 
     # -- submission and completion ---------------------------------------------------------
 
     def submit(self, job: TransferJob) -> None:
-        """Queue a job: sync loads on the expedited queue, everything else on the normal one.
+        """Queue a job on its lane (see the module docstring).
 
-        The copy plan (engine views per chunk) is built here, on the caller's thread, so the
-        queue threads only run copies, which release the GIL.
+        The copy plan (engine views per chunk) of sync loads and stores is built here, on
+        the caller's thread, so the queue threads only run copies, which release the GIL;
+        an async load is planned on its queue thread (a 4k-token disk load takes tens of
+        milliseconds to plan, which would otherwise delay the engine's step).
         """
-        try:
-            prepared: Any = self.plan(job)
-        except Exception:
-            log.exception("kvtier: cannot plan transfer job %d", job.job_id)
-            prepared = None
+        prepared: Any = _PLAN_ON_QUEUE
+        if job.sync or job.kind != "load":
+            try:
+                prepared = self.plan(job)
+            except Exception:
+                log.exception("kvtier: cannot plan transfer job %d", job.job_id)
+                prepared = None
         with self._done_cond:
             self._pending.add(job.job_id)
+        timeline.event("copy.submit", job=job.job_id, req=job.req_id, kind=job.kind, sync=job.sync)
         self._queue_of(job).submit(job, prepared)
 
     def _queue_of(self, job: TransferJob) -> _Queue:
         if job.sync:
             return self._expedited
+        load = job.kind == "load"
         if self._net is not None and any(
             getattr(self.stores.get(t), "network", False) for t in (job.tier, job.dst_tier)
         ):
-            return self._net
-        if job.kind == "copy" or job.tier != self.primary:
-            return self._io
-        return self._normal
+            return self._net_loads if load and self._net_loads is not None else self._net
+        slow = job.kind == "copy" or job.tier != self.primary
+        if load:
+            return self._io_loads if slow else self._loads
+        return self._io if slow else self._normal
 
     def _on_done(self, result: JobResult) -> None:
         with self._done_cond:
@@ -191,11 +214,10 @@ class TransferEngine:
 
     def close(self) -> None:
         """Finish queued jobs, stop the threads."""
-        self._expedited.close()
-        self._normal.close()
-        self._io.close()
-        if self._net is not None:
-            self._net.close()
+        queues = [self._expedited, self._loads, self._normal, self._io_loads, self._io]
+        for q in (*queues, self._net_loads, self._net):
+            if q is not None:
+                q.close()
         for store in self.stores.values():
             store.close()
 
@@ -241,9 +263,12 @@ class TransferEngine:
 
     def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult:
         stream, ready = ctx
+        if prepared is _PLAN_ON_QUEUE:
+            prepared = self.plan(job)
         if prepared is None:
             raise ValueError(f"job {job.job_id} has no valid copy plan")
         t0 = time.perf_counter()
+        timeline.event("copy.start", job=job.job_id, req=job.req_id, kind=job.kind, tier=job.tier)
         nbytes = len(job.block_ids) * self.regions.block_bytes
         if job.kind == "copy":
             nbytes = len(job.keys) * self.stores[job.tier].slot_bytes
@@ -254,6 +279,7 @@ class TransferEngine:
                 stream.synchronize()
         else:
             ok = self.run_plan(job, prepared)
+        timeline.event("copy.end", job=job.job_id, req=job.req_id, kind=job.kind)
         return JobResult(
             job.job_id,
             job.req_id,

@@ -1,9 +1,14 @@
 """The engine's KV cache seen as byte regions, for any block-major layout.
 
 An engine hands over one tensor per layer (or one cross-layer tensor). Each has a *block
-dimension*; dimensions after it must be dense, so one block of one tensor is a contiguous
-byte range. Dimensions before it (e.g. the leading 2 of a ``[2, blocks, ...]`` K/V layout)
-split a tensor into several regions. A region is then ``num_blocks`` equal rows of bytes.
+dimension*, which the engine declares (the caller passes it: kvtier never needs to guess
+it from sizes, which is ambiguous whenever the block count equals another dimension);
+dimensions after it must be dense, so one block of one tensor is a contiguous byte range.
+The block dimension may hold a multiple of ``num_blocks`` entries (an engine that splits
+each of its blocks into equal kernel blocks): block ``b`` is then entries
+``b * k .. b * k + k - 1``, still one contiguous range. Dimensions before it (e.g. the
+leading 2 of a ``[2, blocks, ...]`` K/V layout) split a tensor into several regions. A
+region is then ``num_blocks`` equal rows of bytes.
 
 A chunk's payload in a tier slot is region-major: region 0's blocks of the chunk, then
 region 1's, ... so a run of consecutive engine blocks is one contiguous copy per region.
@@ -43,25 +48,35 @@ class KVRegions:
         cls,
         tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
         num_blocks: int,
-        block_dim: int | None = None,
+        block_dim: int | Mapping[str, int] | None = None,
     ) -> KVRegions:
-        """Build regions from per-layer tensors whose block dimension has ``num_blocks``.
+        """Build regions from per-layer tensors with ``num_blocks`` blocks each.
 
-        The block dimension is detected as the one of size ``num_blocks`` (pass
-        ``block_dim`` when several match). Tensors that share storage (aliases of one
+        ``block_dim``: the block dimension the engine declares, one for every tensor or,
+        with ``tensors`` a mapping, one per tensor name (negative counts from the end).
+        ``None`` falls back to a guess: the one dimension of size ``num_blocks``;
+        ConfigError when none or several match. Tensors that share storage (aliases of one
         buffer at the same offset) are counted once.
         """
+        names: list[str | None]
         if isinstance(tensors, Mapping):
-            tensors = list(tensors.values())
+            names, tensors = list(tensors.keys()), list(tensors.values())
+        else:
+            names = [None] * len(tensors)
+        if isinstance(block_dim, Mapping):
+            missing = [n for n in names if n not in block_dim]
+            if missing:
+                raise ConfigError(f"KV layout: no block dimension declared for {missing[0]!r}")
         regions: list[torch.Tensor] = []
         rows: list[int] = []
         seen: set[tuple[int, tuple[int, ...]]] = set()
-        for t in tensors:
+        for name, t in zip(names, tensors, strict=True):
             ident = (t.data_ptr(), tuple(t.shape))
             if ident in seen:
                 continue
             seen.add(ident)
-            dim = _block_dim(t, num_blocks, block_dim)
+            declared = block_dim.get(name or "") if isinstance(block_dim, Mapping) else block_dim
+            dim = _block_dim(t, num_blocks, declared)
             outer = t.shape[:dim]
             for idx in itertools.product(*(range(s) for s in outer)):
                 sub = t[idx] if idx else t
@@ -108,9 +123,9 @@ class KVRegions:
 def _block_dim(t: torch.Tensor, num_blocks: int, block_dim: int | None) -> int:
     if block_dim is not None:
         dim = block_dim if block_dim >= 0 else t.dim() + block_dim
-        if t.shape[dim] != num_blocks:
+        if not 0 <= dim < t.dim() or t.shape[dim] % num_blocks or t.shape[dim] == 0:
             raise ConfigError(
-                f"KV layout: dimension {block_dim} of shape {tuple(t.shape)} is not "
+                f"KV layout: dimension {block_dim} of shape {tuple(t.shape)} does not hold "
                 f"{num_blocks} blocks"
             )
         return dim

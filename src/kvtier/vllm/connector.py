@@ -35,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtier import timeline
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
@@ -45,6 +46,7 @@ from kvtier.stack.registry import TierContext, build_stack, build_stores
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.regions import KVRegions
+from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.stats import KVTierPromMetrics, KVTierStats
 from kvtier.worker import WorkerSide
@@ -199,6 +201,7 @@ class KVTierConnector(KVConnectorBase_V1):
             return None, False
         n, is_async = self.manager.plan_load(request.request_id, hit, request.num_tokens)
         self._planned_async[request.request_id] = is_async
+        timeline.event("sched.lookup", req=request.request_id, tokens=n, is_async=is_async)
         return n, is_async and n > 0
 
     def update_state_after_alloc(
@@ -240,6 +243,15 @@ class KVTierConnector(KVConnectorBase_V1):
         preempted = scheduler_output.preempted_req_ids or ()
         self.preemptions += len(preempted)
         plan = self.manager.build_step(scheduled, preempted)
+        plan.idle = scheduler_output.total_num_scheduled_tokens == 0
+        if timeline.enabled():
+            timeline.event(
+                "sched.step",
+                step=self.manager.steps,
+                scheduled=dict(num_sched),
+                loads=[(j.req_id, j.tier, j.sync) for j in plan.loads],
+                stores=len(plan.stores),
+            )
         if log.isEnabledFor(logging.DEBUG) and not plan.is_empty():
             log.debug(
                 "kvtier step: loads sync=%d async=%d stores=%d flush=%d budget %d/%d B",
@@ -255,6 +267,8 @@ class KVTierConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self.manager is not None
         meta = connector_output.kv_connector_worker_meta
+        if timeline.enabled():
+            timeline.event("sched.output", recving=sorted(connector_output.finished_recving or ()))
         if isinstance(meta, KVTierWorkerMetadata):
             self.manager.on_report(meta.report)
 
@@ -305,7 +319,9 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         s = self.setup
-        regions = KVRegions.from_tensors(kv_caches, self._kv_cache_config.num_blocks)
+        kvc = self._kv_cache_config
+        dims = require_dims(declared_block_dims(self._vllm_config, kvc, kv_caches))
+        regions = KVRegions.from_tensors(kv_caches, kvc.num_blocks, dims)
         slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
         if slot_bytes != s.chunk_bytes:
             log.warning(
@@ -338,10 +354,12 @@ class KVTierConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if self.worker is not None and isinstance(connector_metadata, KVTierMetadata):
+            timeline.event("worker.bind", loads=len(connector_metadata.plan.loads))
             self.worker.begin_step(connector_metadata.plan)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self.worker is not None:
+            timeline.event("worker.start_load")
             self.worker.start_loads()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -354,12 +372,14 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         if self.worker is not None:
+            timeline.event("worker.wait_for_save")
             self.worker.end_forward()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.worker is None:
             return None, None
         sending, recving = self.worker.transfer_results()
+        timeline.event("worker.get_finished", recving=sorted(recving))
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:

@@ -9,7 +9,7 @@ SPEC (JSON)::
 
     {"model": "<dir>" | null (SmolLM2), "engine": {LLM keyword overrides},
      "connector": {kv_connector_extra_config} | null, "by_name": false,
-     "multiprocess": false, "inspect": false,
+     "multiprocess": false, "inspect": false, "threads": null (see below),
      "program": [
         {"op": "serve", "name": "...", "requests": [{"id": "a", "prompt": [ids],
           "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>"}],
@@ -26,6 +26,10 @@ prompt is that request's prompt + its output (without a final end-of-sequence to
 kvtier has no job in flight. OUT holds every op's results and, with ``inspect``, kvtier's
 internal state (in-process engines only). With ``$KVTIER_PROGRESS`` set, the number of
 requests finished so far (all ops) is written to that file as they finish.
+
+``threads``: the engine's compute threads, set explicitly whether or not a connector is
+configured (default :func:`kvtier.bench.binding.default_threads`), so that engines a
+benchmark compares compute alike; OUT's ``binding`` is what the model worker measured.
 """
 
 from __future__ import annotations
@@ -34,16 +38,27 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
+
+from kvtier import timeline
+from kvtier.bench.binding import binding_env, default_threads
+from kvtier.bench.workloads import next_ready
 
 _FINISHED = [0]
 """Requests finished by this process, across ops (the progress counter)."""
 
 
 def build_llm(spec: dict[str, Any]) -> Any:
-    if not spec.get("multiprocess"):
+    multiprocess = bool(spec.get("multiprocess"))
+    if not multiprocess:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    threads = spec.get("threads") or default_threads(multiprocess)
+    os.environ.update(binding_env(threads, multiprocess))
+    import torch
+
+    torch.set_num_threads(threads)  # in process, before vLLM's worker forbids it
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -58,6 +73,7 @@ def build_llm(spec: dict[str, Any]) -> Any:
         "block_size": 32,
         "max_num_seqs": 8,
         "seed": 0,
+        "worker_extension_cls": "kvtier.vllm.probe.BindingProbe",
     }
     kw.update(spec.get("engine") or {})
     if spec.get("connector") is not None:
@@ -95,7 +111,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
     while pending or running:
         now = time.perf_counter() - t0
         while len(running) < limit:
-            r = _next_ready(pending, now, history)
+            r = next_ready(pending, now, history)
             if r is None:
                 break
             prompt = list(r["prompt"])
@@ -108,6 +124,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 ignore_eos=r.get("ignore_eos", False),
             )
             engine.add_request(r["id"], TokensPrompt(prompt_token_ids=prompt), sp)
+            timeline.event("runner.add", req=r["id"], tokens=len(prompt))
             running[r["id"]] = {
                 "id": r["id"],
                 "prompt_len": len(prompt),
@@ -118,7 +135,10 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
         if not running:
             time.sleep(0.005)
             continue
-        for out in engine.step():
+        timeline.event("runner.step_start")
+        outs = engine.step()
+        timeline.event("runner.step_end", outputs=len(outs))
+        for out in outs:
             rec = running.get(out.request_id)
             if rec is None:
                 continue
@@ -138,6 +158,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 continue
             if "ttft" not in rec and out.outputs and out.outputs[0].token_ids:
                 rec["ttft"] = t - rec["start"]
+                timeline.event("runner.first_token", req=rec["id"], ttft=rec["ttft"])
             if out.finished:
                 rec["e2e"] = t - rec["start"]
                 rec["output"] = list(out.outputs[0].token_ids)
@@ -165,18 +186,6 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
         "seconds": elapsed,
         "requests": [done[r["id"]] for r in op["requests"]],
     }
-
-
-def _next_ready(
-    pending: list[dict[str, Any]], now: float, history: dict[str, list[int]]
-) -> dict[str, Any] | None:
-    """Pop the first request that has arrived and whose predecessor (if any) finished."""
-    for i, r in enumerate(pending):
-        if r.get("arrival", 0.0) > now:
-            return None
-        if not r.get("extend") or r["extend"] in history:
-            return pending.pop(i)
-    return None
 
 
 def drain(llm: Any, timeout: float = 30.0) -> None:
@@ -248,20 +257,28 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"runner: unknown op {kind!r}")
     if spec.get("inspect") and _connector(llm) is not None:
         out["kvtier"] = inspect(llm)
+    out["binding"] = llm.collective_rpc("kvtier_binding")[0]
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def spec_main(
+    module: str, body: Callable[[dict[str, Any]], dict[str, Any]], argv: list[str] | None
+) -> int:
+    """``python -m MODULE SPEC.json OUT.json``: run ``body`` on the spec, write its result."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m kvtier.vllm.runner SPEC.json OUT.json", file=sys.stderr)
+        print(f"usage: python -m {module} SPEC.json OUT.json", file=sys.stderr)
         return 2
     with open(args[0]) as f:
         spec = json.load(f)
-    result = run(spec)
+    result = body(spec)
     with open(args[1], "w") as f:
         json.dump(result, f)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return spec_main("kvtier.vllm.runner", run, argv)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ and the injector did, by kind), ``leaks`` and kvtier's metrics.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from typing import Any
 
@@ -145,16 +143,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m kvtier.vllm.soak_runner SPEC.json OUT.json", file=sys.stderr)
-        return 2
-    with open(args[0]) as f:
-        spec = json.load(f)
-    result = run(spec)
-    with open(args[1], "w") as f:
-        json.dump(result, f)
-    return 0
+    return runner.spec_main("kvtier.vllm.soak_runner", run, argv)
 
 
 if __name__ == "__main__":
