@@ -284,7 +284,8 @@ class TestRedisClusterSplit(_RedisSplit):
 
 
 def test_network_jobs_have_their_own_queue(server):  # noqa: F811
-    """Remote I/O never waits behind disk I/O (nor disk behind a slow server)."""
+    """Remote I/O never waits behind disk I/O (nor disk behind a slow server), and a
+    remote load never waits behind remote stores."""
     from kvtier.jobs import TransferJob
     from kvtier.tiers.memory import DictStore
     from kvtier.transfer import KVRegions, TransferEngine
@@ -300,11 +301,12 @@ def test_network_jobs_have_their_own_queue(server):  # noqa: F811
         def job(kind, tier, dst=""):
             return TransferJob(0, "r", kind, tier, False, [b"k" * 16], [0], [0], dst_tier=dst)
 
-        net = engine._net
-        assert net is not None
-        assert engine._queue_of(job("load", "redis")) is net
+        net, net_loads = engine._net, engine._net_loads
+        assert net is not None and net_loads is not None
+        assert engine._queue_of(job("load", "redis")) is net_loads
         assert engine._queue_of(job("copy", "cpu", "redis")) is net
-        assert engine._queue_of(job("load", "disk")) is engine._io
+        assert engine._queue_of(job("load", "disk")) is engine._io_loads
+        assert engine._queue_of(job("load", "cpu")) is engine._loads
         assert engine._queue_of(job("copy", "cpu", "disk")) is engine._io
         assert engine._queue_of(job("store", "cpu")) is engine._normal
     finally:
