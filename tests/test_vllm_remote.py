@@ -12,6 +12,7 @@ import pytest
 
 from kvtier.testing.redis_server import RedisServer
 from test_vllm import (  # the same engine, prompts, runner and baseline as test_vllm
+    CHUNK,
     PROMPTS,
     assert_clean,
     baseline,  # noqa: F401  (fixture)
@@ -19,14 +20,12 @@ from test_vllm import (  # the same engine, prompts, runner and baseline as test
     metric,
     outputs,
     phase,
+    phases,
     run,
     sources,
 )
 
-# Excluded from the default run: engine B found no remote hit in two pytest runs on the
-# shared machine, while the same two processes run from a script hit (p2p 416/96/160
-# tokens, outputs identical). Cause not found yet; see the issue 11 report.
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.vllm
 
 
 def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa: F811
@@ -41,13 +40,22 @@ def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa:
         }
         a = run(tmp_path, cfg, program=[phase("p1", 12)], note="engine A")
         assert outputs(a)[0] == outputs(baseline)[0]
-        assert metric(a, "stored_chunks", "redis") > 0
+        stored = metric(a, "stored_chunks", "redis")
+        assert stored > 0
         assert_clean(a)
         b = run(tmp_path, cfg, program=[phase("p1", 12)], note="engine B")
     assert outputs(b)[0] == outputs(baseline)[0]
+    # The prompts share prefixes, and B schedules them together: which request loads a
+    # shared chunk from the remote tier depends on when its probe answers (a request
+    # whose probe is still out is asked again later and may then find the chunks in
+    # vLLM's own cache, loaded by another). What does not depend on timing: every chunk A
+    # stored comes back from the remote tier exactly once, and every prompt is served
+    # from cache, remote or local.
     srcs = sources(b, 0)
-    assert srcs[0] == {"p2p": expected_hit(len(PROMPTS[0]), False)}, b["kvtier"]["metrics"]
-    assert all(s.get("p2p", 0) > 0 for s in srcs), srcs
+    assert all(set(s) <= {"p2p"} for s in srcs), srcs
+    assert sum(s.get("p2p", 0) for s in srcs) == stored * CHUNK, (srcs, stored)
+    for rec, prompt in zip(phases(b)[0], PROMPTS, strict=True):
+        assert rec["num_cached"] >= expected_hit(len(prompt), True), (rec["num_cached"], srcs)
     assert metric(b, "loads", "redis", "async") >= 1
     assert metric(b, "failures", "redis", "load") == 0
     assert_clean(b)
