@@ -43,6 +43,7 @@ from kvtier.layout import AttentionKind, KVGroup, KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
 from kvtier.stack.registry import TierContext, build_stack, build_stores
+from kvtier.tiers.disk.kind import rank_dir
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.regions import KVRegions
@@ -136,6 +137,14 @@ class _Setup:
             world=self.world_size,
             sizing_bytes=self.chunk_bytes,
         )
+
+    def disk_dir(self, rank: int) -> str | None:
+        """The first disk tier's directory for one tensor-parallel rank (each rank owns its
+        shard's slab files); None without a disk tier."""
+        for spec in self.config.tier_specs():
+            if spec.kind == "disk" and spec.path:
+                return rank_dir(spec, self.context(rank), rank)
+        return None
 
 
 class KVTierConnector(KVConnectorBase_V1):
