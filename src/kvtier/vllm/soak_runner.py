@@ -63,7 +63,7 @@ def leaks(llm: Any) -> dict[str, Any]:
     """kvtier's leftovers once the engine is drained (all zero when nothing leaked)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    from kvtier.tiers.index import STORING
+    from kvtier.tiers.index import STORING, SlotIndex
 
     conn = runner._connector(llm)
     runner.drain(llm)
@@ -71,7 +71,7 @@ def leaks(llm: Any) -> dict[str, Any]:
     group: Any = get_kv_transfer_group()
     worker: Any = group.worker
     out: dict[str, Any] = {
-        "jobs": len(m._jobs) + len(m._loading) + len(m._pending_copies),
+        "jobs": len(m.jobs) + len(m._loading) + len(m._pending_copies),
         "worker_jobs": len(worker._inflight) + len(worker.engine.pending()),
         "requests": m.num_requests(),
         "pins": 0,
@@ -81,6 +81,8 @@ def leaks(llm: Any) -> dict[str, Any]:
     }
     for tier in m.tiers:
         index = tier.index
+        if not isinstance(index, SlotIndex):
+            continue  # a shared tier holds no pins or slots of this engine
         entries = index._entries.values()
         pins = sum(e.pins for e in entries)
         storing = sum(e.state == STORING for e in entries)
