@@ -62,6 +62,29 @@ def test_idle_step_reports_its_async_load_in_the_same_step():
         e.close()
 
 
+def test_idle_steps_wait_for_a_long_async_load_instead_of_spinning(monkeypatch):
+    """A load longer than one idle wait: every idle step waits again (until a load
+    finishes or the bound), so the engine takes a handful of steps, not one per poll."""
+    import kvtier.worker
+
+    monkeypatch.setattr(kvtier.worker, "IDLE_WAIT_SECONDS", 0.02)
+    cfg = KVTierConfig(chunk_tokens=8, sync_budget=SyncBudget("off"))
+    e = MiniEngine(cfg, fault=FaultPlan(slow_rate=1.0, slow_seconds=0.2))
+    try:
+        run_one(e, "a", list(range(40)))
+        r = e.add("b", list(range(40)) + [1])
+        steps = 0
+        while r.waiting_load or steps == 0:
+            e.step()
+            steps += 1
+            assert steps < 40, "the engine spun through idle steps"
+        assert r.async_hit == 40 and steps >= 5  # 0.2 s in waits of at most 0.02 s
+        e.run()
+        assert e.wrong == 0
+    finally:
+        e.close()
+
+
 def test_full_hit_sync_is_trimmed_by_one_token():
     e = MiniEngine(CFG)
     try:

@@ -208,6 +208,19 @@ class TransferEngine:
                 self._done_cond.wait(remaining)
         return True
 
+    def wait_any(self, job_ids: Iterable[int], timeout: float) -> bool:
+        """Block until one of the given jobs finished (or none is pending), at most
+        ``timeout`` seconds; whether one did."""
+        ids = set(job_ids)
+        deadline = time.monotonic() + timeout
+        with self._done_cond:
+            while ids <= self._pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._done_cond.wait(remaining)
+        return True
+
     def pending(self) -> set[int]:
         with self._done_cond:
             return set(self._pending)
