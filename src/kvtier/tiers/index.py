@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
@@ -40,9 +39,6 @@ class _Entry:
     doomed: bool = False
     """Invalidated while pinned: removed at the last unpin."""
     children: list[Key] = field(default_factory=list)
-
-
-_SLOT = attrgetter("slot")
 
 
 def _writing(e: _Entry) -> bool:
@@ -104,9 +100,8 @@ class SlotIndex:
 
     def slots_of(self, keys: Sequence[Key]) -> list[int]:
         """Slots of present keys (KeyError for an absent one)."""
-        # map() over C-level getters: this runs for every chunk of every hit on the
-        # scheduler's thread (8,192 chunks for a 128k-token hit).
-        return list(map(_SLOT, map(self._entries.__getitem__, keys)))
+        entries = self._entries
+        return [entries[k].slot for k in keys]
 
     def ready_keys(self) -> list[Key]:
         return [k for k, e in self._entries.items() if e.state == READY and not e.doomed]
