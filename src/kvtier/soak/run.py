@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench.engine import run_module
 from kvtier.errors import ConfigError
 from kvtier.soak.workload import RoundShape, build_rounds
 
@@ -150,24 +150,7 @@ def _run_engine(
     spec: dict[str, Any], log_path: Path, bar: Any, env: dict[str, str]
 ) -> tuple[int, dict[str, Any] | None]:
     """One engine process (kvtier.vllm.soak_runner); (exit status, results or None)."""
-    with tempfile.TemporaryDirectory(prefix="kvtier-soak-") as tmp:
-        spec_path, out_path, prog = (Path(tmp) / n for n in ("spec.json", "out.json", "progress"))
-        spec_path.write_text(json.dumps(spec))
-        seen = 0
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "kvtier.vllm.soak_runner", str(spec_path), str(out_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, **env, KVTIER_PROGRESS=str(prog)),
-            )
-            while proc.poll() is None:
-                time.sleep(0.5)
-                seen = _advance(bar, prog, seen)
-        _advance(bar, prog, seen)
-        if proc.returncode != 0 or not out_path.exists():
-            return proc.returncode or 1, None
-        return 0, json.loads(out_path.read_text())
+    return run_module("kvtier.vllm.soak_runner", spec, log_path, bar, env)
 
 
 def _saved_oracle(path: str | None, fingerprint: str) -> dict[str, Any] | None:
@@ -179,16 +162,6 @@ def _saved_oracle(path: str | None, fingerprint: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return saved if saved.get("fingerprint") == fingerprint else None
-
-
-def _advance(bar: Any, prog: Path, seen: int) -> int:
-    try:
-        n = int(prog.read_text() or 0)
-    except (OSError, ValueError):
-        return seen
-    if bar is not None and n > seen:
-        bar.update(n - seen)
-    return max(n, seen)
 
 
 def compare(
