@@ -165,8 +165,8 @@ def test_bench_two_engines_on_a_users_store(tmp_path):
             "two-engines",
             "--remote",
             server.url,
-            *"--requests 4 --doc-tokens 200 --max-tokens 4 --device-blocks 16".split(),
-            *("--concurrency", "1", "--out", str(out)),
+            *("--requests", "4", "--doc-tokens", "200", "--max-tokens", "4"),
+            *("--device-blocks", "16", "--concurrency", "1", "--out", str(out)),
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert theirs.keys() == [b"someone-elses"]  # the run's chunks deleted, nothing else
