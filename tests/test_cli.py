@@ -157,7 +157,7 @@ def test_bench_two_engines_on_a_users_store(tmp_path):
 
     out = tmp_path / "bench"
     with RedisServer() as server:
-        theirs = redis.Redis(port=server.port)
+        theirs = redis.Redis(host="127.0.0.1", port=server.port)
         theirs.set(b"someone-elses", b"data")
         proc = kvtier(
             "bench",

@@ -218,6 +218,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             "dtype": dtype,
             "engine": engine,
             "threads": threads,
+            "remote": two_engines.shown(opts.remote) if pair else None,  # no password
         },
         "binding": binding,
         "threads_equal": same_binding(binding),

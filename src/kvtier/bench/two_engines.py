@@ -302,7 +302,7 @@ def _result(
         ),
         "params": {
             **asdict(opts),
-            "store": _shown(url),
+            "store": shown(url),
             "namespace": namespace,
         },
         "modes": rows,
@@ -317,7 +317,8 @@ def _result(
     }
 
 
-def _shown(url: str | None) -> str:
+def shown(url: str | None) -> str:
+    """Where the run's store is, for results (credentials masked)."""
     if url is None:
         return "private redis-server on 127.0.0.1"
     from kvtier.tiers.remote import parse_remote_url
