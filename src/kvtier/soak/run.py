@@ -35,6 +35,9 @@ from kvtier.bench.engine import run_module
 from kvtier.errors import ConfigError
 from kvtier.soak.workload import RoundShape, build_rounds
 
+SOAK_RUNNER = "kvtier.vllm.soak_runner"
+"""The engine process: ``python -m SOAK_RUNNER SPEC.json OUT.json``."""
+
 MiB = 1 << 20
 
 
@@ -144,13 +147,6 @@ def small_filesystem(size: int) -> Iterator[tuple[str, str]]:
         finally:
             if mounted:
                 subprocess.run(["umount", "-l", tmp], capture_output=True)
-
-
-def _run_engine(
-    spec: dict[str, Any], log_path: Path, bar: Any, env: dict[str, str]
-) -> tuple[int, dict[str, Any] | None]:
-    """One engine process (kvtier.vllm.soak_runner); (exit status, results or None)."""
-    return run_module("kvtier.vllm.soak_runner", spec, log_path, bar, env)
 
 
 def _saved_oracle(path: str | None, fingerprint: str) -> dict[str, Any] | None:
@@ -269,7 +265,9 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
     oracle = _saved_oracle(opts.oracle, fingerprint)
     reused = oracle is not None
     if oracle is None:
-        status, oracle = _run_engine(oracle_spec, out_dir / "engine-oracle.log", bar, env)
+        status, oracle = run_module(
+            SOAK_RUNNER, oracle_spec, out_dir / "engine-oracle.log", bar, env
+        )
         if oracle is None:
             raise ConfigError(f"the oracle engine failed (see {out_dir / 'engine-oracle.log'})")
         oracle["fingerprint"] = fingerprint
@@ -300,7 +298,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             },
         }
         t1 = time.perf_counter()
-        status, result = _run_engine(spec, out_dir / "engine-kvtier.log", bar, env)
+        status, result = run_module(SOAK_RUNNER, spec, out_dir / "engine-kvtier.log", bar, env)
         t_kvtier = time.perf_counter() - t1
     if bar is not None:
         bar.n = 2 * total
