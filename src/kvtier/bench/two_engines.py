@@ -341,27 +341,30 @@ def _delete_namespace(url: str, digest_hex: str | None) -> None:
 
 
 def table(result: dict[str, Any]) -> Any:
-    """A rich Table of one run: A, B and the baseline rows."""
+    """A rich Table of one run: A, B and the baseline rows (fits the bench's 120 columns).
+    Columns: requests, prompt tokens, remote hit tokens, their fraction of the shared
+    prefix tokens, TTFT, mean TTFT over the baseline's (per-request best-worst), outputs
+    token-identical to the baseline."""
     from rich.table import Table
 
     t = Table(title=f"{NAME}: {result['description']}", title_justify="left")
     cols = (
         "engine",
-        "requests",
-        "prompt tokens",
-        "remote hit tokens",
-        "of shared prefix",
-        "TTFT mean/p50/p90 ms",
-        "TTFT / base (per req. best-worst)",
+        "req",
+        "prompt",
+        "remote",
+        "of shared",
+        "TTFT ms mean/p50/p90",
+        "TTFT/base (per req)",
         "=base",
     )
     for col in cols:
-        t.add_column(col, justify="left" if col == "engine" else "right")
+        t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     names = {
-        "A": "A: first turns, stores",
-        "B": "B: continuations",
-        "baseline first": "baseline: first turns",
-        "baseline": "baseline: continuations",
+        "A": "A first turns",
+        "B": "B continuations",
+        "baseline first": "base first turns",
+        "baseline": "base continuations",
     }
     for key, s in result["modes"].items():
         ratio = s.get("ttft_vs_baseline")
