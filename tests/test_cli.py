@@ -131,7 +131,7 @@ def test_shared_prefix_counts_each_chunk_a_computed_once():
     # Chunks of 4. Conversation 0: A computed 1..8 (its last output token, 9, has no KV),
     # B's prompt extends it: two chunks. Conversation 1 starts with conversation 0's first
     # chunk and adds one partial chunk: nothing new. The long prompt, sent again as it was:
-    # vLLM computes its last token itself, so one chunk of its two, and a new one.
+    # both its chunks (kvtier may load a whole prompt).
     first = [
         {"id": "c0", "prompt": [1, 2, 3, 4, 5, 6, 7]},
         {"id": "c1", "prompt": [1, 2, 3, 4, 20, 21]},
@@ -144,7 +144,7 @@ def test_shared_prefix_counts_each_chunk_a_computed_once():
         {"prompt": [1, 2, 3, 4, 20, 21, 22, 30]},
         {"prompt": [40, 41, 42, 43, 44, 45, 46, 47]},
     ]
-    assert shared_prefix_tokens(first, a, second, 4) == 4 * 3
+    assert shared_prefix_tokens(first, a, second, 4) == 4 * 4
 
 
 @pytest.mark.vllm

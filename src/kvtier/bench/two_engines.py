@@ -235,12 +235,12 @@ def shared_prefix_tokens(
     for f, s in zip(first, second, strict=True):
         computed = f["prompt"] + answers[f["id"]][:-1]  # the last sampled token has no KV
         common = 0
-        for x, y in zip(computed, s["prompt"], strict=False):
+        for x, y in zip(computed, s["prompt"], strict=False):  # common <= len(prompt)
             if x != y:
                 break
             common += 1
-        # vLLM computes at least a prompt's last token itself.
-        n = min(common, len(s["prompt"]) - 1) // chunk * chunk
+        # kvtier may load a whole prompt (vLLM then recomputes only its last token).
+        n = common // chunk * chunk
         keys.update(chunk_keys(s["prompt"][:n], chunk, bytes(16)))
     return len(keys) * chunk
 
