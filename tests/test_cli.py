@@ -27,6 +27,15 @@ def kvtier(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
         (["bench", "--modes", "fast"], "--modes: unknown 'fast'"),
         (["bench", "--cpu-bytes", "8 parsecs"], "--cpu-bytes: cannot parse"),
         (["bench", "--model", "/no/such/model"], "not a local model directory"),
+        (
+            ["bench", "--workload", "two-engines", "--remote", "http://127.0.0.1:1"],
+            "--remote: 'http://127.0.0.1:1' is not a remote-store URL",
+        ),
+        (
+            ["bench", "--workload", "two-engines", "--remote", "redis://127.0.0.1:1"],
+            "--remote: cannot reach redis://127.0.0.1:1",
+        ),
+        (["bench", "--remote", "redis://127.0.0.1:1"], "--remote: only the two-engines workload"),
         (["inspect", "/no/such/dir"], "/no/such/dir"),
         (["sim", "--trace", "/no/such/trace.jsonl"], "trace.jsonl"),
     ],
@@ -114,6 +123,72 @@ def test_bench_end_to_end(tmp_path):
         "ttft_cdf_multi-turn.png",
         "ttft_cdf_no-reuse.png",
     ]
+
+
+def test_shared_prefix_counts_each_chunk_a_computed_once():
+    from kvtier.bench.two_engines import shared_prefix_tokens
+
+    # Chunks of 4. Conversation 0: A computed 1..8 (its last output token, 9, has no KV),
+    # B's prompt extends it: two chunks. Conversation 1 starts with conversation 0's first
+    # chunk and adds one partial chunk: nothing new. The long prompt, sent again as it was:
+    # both its chunks (kvtier may load a whole prompt).
+    first = [
+        {"id": "c0", "prompt": [1, 2, 3, 4, 5, 6, 7]},
+        {"id": "c1", "prompt": [1, 2, 3, 4, 20, 21]},
+        {"id": "long", "prompt": [40, 41, 42, 43, 44, 45, 46, 47]},
+    ]
+    a = {"requests": [{"id": "c0", "output": [8, 9]}, {"id": "c1", "output": [22]}]}
+    a["requests"].append({"id": "long", "output": [0]})
+    second = [
+        {"prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]},
+        {"prompt": [1, 2, 3, 4, 20, 21, 22, 30]},
+        {"prompt": [40, 41, 42, 43, 44, 45, 46, 47]},
+    ]
+    assert shared_prefix_tokens(first, a, second, 4) == 4 * 4
+
+
+@pytest.mark.vllm
+def test_bench_two_engines_on_a_users_store(tmp_path):
+    """Engine A stores, a fresh engine B hits it in the remote store, outputs equal the
+    no-kvtier baseline; on a store kvtier did not start only this run's keys go."""
+    import redis
+
+    from kvtier.testing.redis_server import RedisServer
+
+    out = tmp_path / "bench"
+    with RedisServer() as server:
+        theirs = redis.Redis(host="127.0.0.1", port=server.port)
+        theirs.set(b"someone-elses", b"data")
+        proc = kvtier(
+            "bench",
+            "--workload",
+            "two-engines",
+            "--remote",
+            server.url,
+            *("--requests", "4", "--doc-tokens", "200", "--max-tokens", "4"),
+            *("--device-blocks", "16", "--concurrency", "1", "--out", str(out)),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert theirs.keys() == [b"someone-elses"]  # the run's chunks deleted, nothing else
+        theirs.close()
+    res = json.loads((out / "results.json").read_text())
+    wl = res["workloads"]["two-engines"]
+    s = wl["summary"]
+    assert wl["params"]["conversations"] == 2 and "two-engines:" in proc.stdout
+    assert s["remote_hit_tokens"] > 0
+    assert s["remote_hit_tokens"] >= 0.9 * s["shared_prefix_tokens"] > 0
+    assert s["outputs_match_baseline"] is True
+    rows = wl["modes"]
+    assert set(rows) == {"A", "B", "baseline first", "baseline"}
+    assert rows["A"]["hit_tokens"]["remote"] == rows["baseline"]["hit_tokens"]["remote"] == 0
+    assert rows["B"]["hit_tokens"]["recomputed"] < rows["baseline"]["hit_tokens"]["recomputed"]
+    assert rows["B"]["outputs_match_baseline"] and rows["A"]["outputs_match_baseline"]
+    binding = res["binding"]  # every engine on the bench's threads, measured
+    assert set(binding) == {"two-engines A", "two-engines B", "two-engines baseline"}
+    assert {(b["omp_threads"], tuple(b["cpus"])) for b in binding.values()} == {
+        (res["config"]["threads"], tuple(binding["two-engines A"]["cpus"]))
+    }
+    assert res["threads_equal"] is True
 
 
 def test_sim_cli_matches_brute_force_lru(tmp_path):

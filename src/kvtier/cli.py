@@ -101,7 +101,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--workload",
         default="multi-turn,doc-qa",
-        help="comma list of multi-turn, doc-qa, trace, no-reuse",
+        help="comma list of multi-turn, doc-qa, trace, no-reuse, two-engines (engine A "
+        "serves first turns into a remote store, a fresh engine B the continuations)",
     )
     b.add_argument(
         "--modes",
@@ -148,6 +149,13 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="compute threads of every mode's engine (default: all cores; equal in all modes)",
+    )
+    b.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="the two-engines workload's Redis/Valkey store (default: a private "
+        "redis-server on 127.0.0.1 for the run); only this run's keys are written and deleted",
     )
     b.set_defaults(func=_bench)
 

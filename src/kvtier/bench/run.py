@@ -9,21 +9,22 @@ Modes, each a separate engine process on the same requests:
 
 Within a mode the workloads run one after another on one engine; between workloads the
 engine's prefix cache and kvtier's tiers are reset, so workloads do not help each other.
+
+The ``two-engines`` workload runs engines of its own instead of the modes (kvtier's
+default settings with a remote tier, and a baseline without kvtier): see
+:mod:`kvtier.bench.two_engines`. Every engine of one bench run, whichever workload, computes
+on the same ``threads``, and the run refuses to compare engines whose measured binding differs.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench import report
+from kvtier.bench import report, two_engines
 from kvtier.bench.binding import (
     binding_env,
     check_equal,
@@ -31,6 +32,7 @@ from kvtier.bench.binding import (
     describe,
     same_binding,
 )
+from kvtier.bench.engine import run_with_progress
 from kvtier.bench.http import run_http_modes
 from kvtier.bench.machine import machine_info, preferred_dtype
 from kvtier.bench.workloads import WORKLOADS, Workload, WorkloadOptions, build
@@ -38,6 +40,7 @@ from kvtier.errors import ConfigError
 from kvtier.units import parse_size
 
 MODES = ("baseline", "async", "sync", "auto")
+ACCEPTED_WORKLOADS = (*WORKLOADS, two_engines.NAME)
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,19 @@ class BenchOptions:
     it (one mode, "server"; it must serve the bench model)."""
     serve: bool = False
     """Start an OpenAI server per mode and drive the workloads over HTTP."""
+    remote: str | None = None
+    """The ``two-engines`` workload's store: a Redis / Valkey URL (the run writes and then
+    deletes keys of its own namespace only); None: a private redis-server on 127.0.0.1,
+    started for the run and stopped after it."""
 
 
 def validate(opts: BenchOptions) -> str:
     """Check options up front (one clear error each); return the model directory."""
     for w in opts.workloads:
-        if w not in WORKLOADS:
-            raise ConfigError(f"--workload: unknown {w!r}; accepted: {', '.join(WORKLOADS)}")
+        if w not in ACCEPTED_WORKLOADS:
+            raise ConfigError(
+                f"--workload: unknown {w!r}; accepted: {', '.join(ACCEPTED_WORKLOADS)}"
+            )
     for m in opts.modes:
         if m not in MODES:
             raise ConfigError(f"--modes: unknown {m!r}; accepted: {', '.join(MODES)}")
@@ -95,6 +104,18 @@ def validate(opts: BenchOptions) -> str:
         raise ConfigError(f"--server: expected an http:// URL, got {opts.server!r}")
     if opts.threads is not None:
         binding_env(opts.threads, multiprocess=False)  # raises on a bad count
+    if two_engines.NAME in opts.workloads and (opts.server or opts.serve):
+        raise ConfigError(
+            f"--workload {two_engines.NAME}: runs its own engines in process, "
+            "not with --server or --serve"
+        )
+    if opts.remote is not None:
+        if two_engines.NAME not in opts.workloads:
+            raise ConfigError(
+                f"--remote: only the {two_engines.NAME} workload uses a remote store "
+                f"(add --workload {two_engines.NAME})"
+            )
+        two_engines.check_url(opts.remote)
     if opts.model is None:
         from kvtier.models import smollm2_path
 
@@ -131,7 +152,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         rate=opts.rate,
         trace_path=opts.trace,
     )
-    workloads = [build(name, model, wopts) for name in opts.workloads]
+    workloads = [build(name, model, wopts) for name in opts.workloads if name in WORKLOADS]
+    pair = _pair_options(opts) if two_engines.NAME in opts.workloads else None
     # vLLM refuses a max_model_len its KV cache could not hold for one request.
     engine = {
         "dtype": dtype,
@@ -141,10 +163,12 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     }
     http = bool(opts.server or opts.serve)
     threads = opts.threads or default_threads(multiprocess=http)
-    modes = ("server",) if opts.server else opts.modes
+    modes = ("server",) if opts.server else opts.modes if workloads else ()
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     total = len(modes) * (1 + sum(len(w.requests) for w in workloads))  # + warm-up
+    total += two_engines.progress_total(pair) if pair else 0
+    paired: dict[str, Any] | None = None
     raw: dict[str, dict[str, Any]] = {}
     t_start = time.perf_counter()
     with tqdm(total=total, desc="kvtier bench", unit="req") as bar:
@@ -171,10 +195,21 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
                 "program": _program(workloads, opts),
                 "threads": threads,
             }
-            raw[mode] = _run_with_progress(spec, bar, out_dir / f"engine-{mode}.log")
+            raw[mode] = run_with_progress(spec, bar, out_dir / f"engine-{mode}.log")
+        if pair:
+            paired = two_engines.run_two_engines(
+                opts.remote,
+                model=model,
+                engine=engine,
+                threads=threads,
+                opts=pair,
+                out_dir=out_dir,
+                bar=bar,
+            )
     elapsed = time.perf_counter() - t_start
 
     binding = {m: raw[m].get("binding") for m in modes}
+    binding.update(paired.pop("binding") if paired else {})
     results: dict[str, Any] = {
         "machine": machine_info(),
         "config": {
@@ -183,6 +218,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
             "dtype": dtype,
             "engine": engine,
             "threads": threads,
+            "remote": two_engines.shown(opts.remote) if pair else None,  # no password
         },
         "binding": binding,
         "threads_equal": same_binding(binding),
@@ -190,9 +226,10 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "workloads": {},
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    if len(modes) > 1:
+    if len(binding) > 1:
         check_equal(binding)  # no table of engines that computed on different threads
-        console.print(f"every mode's engine computed on {describe(binding[modes[0]] or {})}")
+        first = next(iter(binding.values())) or {}
+        console.print(f"every engine of this run computed on {describe(first)}")
     for i, wl in enumerate(workloads):
         ops = {m: raw[m]["ops"][i] for m in modes}
         base = ops.get("baseline")
@@ -210,6 +247,12 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         }
         console.print(report.table(wl.name, wl.description, stats))
     results["kvtier"] = {m: raw[m].get("kvtier") for m in modes}
+    if paired:
+        results["kvtier"].update(
+            {f"{two_engines.NAME} {k}": v for k, v in paired.pop("kvtier").items()}
+        )
+        results["workloads"][two_engines.NAME] = paired
+        console.print(two_engines.table(paired))
     results["plots"] = report.plots(results, out_dir)
     slim = dict(results)
     slim["workloads"] = {
@@ -225,6 +268,19 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         f"{elapsed:.0f} s in all"
     )
     return slim
+
+
+def _pair_options(opts: BenchOptions) -> two_engines.TwoEngineOptions:
+    """The two-engine run's sizes from the bench flags: ``--requests`` / 2 conversations
+    (each a first turn on A and a continuation on B)."""
+    return two_engines.TwoEngineOptions(
+        conversations=max(2, opts.requests // 2),
+        doc_tokens=opts.doc_tokens,
+        max_tokens=opts.max_tokens,
+        seed=opts.seed,
+        concurrency=opts.concurrency,
+        cpu_bytes=opts.cpu_bytes,
+    )
 
 
 def _program(workloads: list[Workload], opts: BenchOptions) -> list[dict[str, Any]]:
@@ -249,42 +305,3 @@ def _program(workloads: list[Workload], opts: BenchOptions) -> list[dict[str, An
         )
         prog.append({"op": "reset_prefix_cache", "connector": True})
     return prog
-
-
-def _run_with_progress(spec: dict[str, Any], bar: Any, log_path: Path) -> dict[str, Any]:
-    """One engine process; the runner reports finished requests through a file."""
-    with tempfile.TemporaryDirectory(prefix="kvtier-bench-") as tmp:
-        spec_path, out_path, prog = (Path(tmp) / n for n in ("spec.json", "out.json", "progress"))
-        spec_path.write_text(json.dumps(spec))
-        env = dict(os.environ, KVTIER_PROGRESS=str(prog))
-        seen = 0
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-            while proc.poll() is None:
-                time.sleep(0.5)
-                seen = _advance(bar, prog, seen)
-        _advance(bar, prog, seen)
-        if proc.returncode != 0:
-            tail = log_path.read_text()[-2500:]
-            raise ConfigError(f"the engine failed (see {log_path}):\n{tail}")
-        result: dict[str, Any] = json.loads(out_path.read_text())
-        # The warm-up op is not a workload.
-        result["ops"] = [op for op in result["ops"] if op["name"] != "warmup"]
-        return result
-
-
-def _advance(bar: Any, prog: Path, seen: int) -> int:
-    """Move the bar by the requests finished since the last look."""
-    try:
-        n = int(prog.read_text() or 0)
-    except (OSError, ValueError):
-        return seen
-    if n > seen:
-        bar.update(n - seen)
-        return n
-    return seen

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,8 +31,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench.engine import run_module
 from kvtier.errors import ConfigError
 from kvtier.soak.workload import RoundShape, build_rounds
+
+SOAK_RUNNER = "kvtier.vllm.soak_runner"
+"""The engine process: ``python -m SOAK_RUNNER SPEC.json OUT.json``."""
 
 MiB = 1 << 20
 
@@ -146,30 +149,6 @@ def small_filesystem(size: int) -> Iterator[tuple[str, str]]:
                 subprocess.run(["umount", "-l", tmp], capture_output=True)
 
 
-def _run_engine(
-    spec: dict[str, Any], log_path: Path, bar: Any, env: dict[str, str]
-) -> tuple[int, dict[str, Any] | None]:
-    """One engine process (kvtier.vllm.soak_runner); (exit status, results or None)."""
-    with tempfile.TemporaryDirectory(prefix="kvtier-soak-") as tmp:
-        spec_path, out_path, prog = (Path(tmp) / n for n in ("spec.json", "out.json", "progress"))
-        spec_path.write_text(json.dumps(spec))
-        seen = 0
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "kvtier.vllm.soak_runner", str(spec_path), str(out_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, **env, KVTIER_PROGRESS=str(prog)),
-            )
-            while proc.poll() is None:
-                time.sleep(0.5)
-                seen = _advance(bar, prog, seen)
-        _advance(bar, prog, seen)
-        if proc.returncode != 0 or not out_path.exists():
-            return proc.returncode or 1, None
-        return 0, json.loads(out_path.read_text())
-
-
 def _saved_oracle(path: str | None, fingerprint: str) -> dict[str, Any] | None:
     """Oracle results saved by an earlier run of this exact workload, or None."""
     if not path or not Path(path).is_file():
@@ -179,16 +158,6 @@ def _saved_oracle(path: str | None, fingerprint: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return saved if saved.get("fingerprint") == fingerprint else None
-
-
-def _advance(bar: Any, prog: Path, seen: int) -> int:
-    try:
-        n = int(prog.read_text() or 0)
-    except (OSError, ValueError):
-        return seen
-    if bar is not None and n > seen:
-        bar.update(n - seen)
-    return max(n, seen)
 
 
 def compare(
@@ -296,7 +265,9 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
     oracle = _saved_oracle(opts.oracle, fingerprint)
     reused = oracle is not None
     if oracle is None:
-        status, oracle = _run_engine(oracle_spec, out_dir / "engine-oracle.log", bar, env)
+        status, oracle = run_module(
+            SOAK_RUNNER, oracle_spec, out_dir / "engine-oracle.log", bar, env
+        )
         if oracle is None:
             raise ConfigError(f"the oracle engine failed (see {out_dir / 'engine-oracle.log'})")
         oracle["fingerprint"] = fingerprint
@@ -327,7 +298,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             },
         }
         t1 = time.perf_counter()
-        status, result = _run_engine(spec, out_dir / "engine-kvtier.log", bar, env)
+        status, result = run_module(SOAK_RUNNER, spec, out_dir / "engine-kvtier.log", bar, env)
         t_kvtier = time.perf_counter() - t1
     if bar is not None:
         bar.n = 2 * total

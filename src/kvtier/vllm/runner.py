@@ -231,6 +231,7 @@ def inspect(llm: Any) -> dict[str, Any]:
         "tier_chunks": {t.name: len(t.index) for t in m.tiers},
         "preemptions": conn.preemptions,
         "chunk_tokens": m.chunk_tokens,
+        "namespace": m.namespace.chain_digest().hex(),
         "budget_limit": m.budget.limit,
         "bandwidth": m.budget.bandwidth,
         "step_seconds": m.budget.step_seconds,

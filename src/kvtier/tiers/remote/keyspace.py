@@ -18,11 +18,17 @@ from kvtier.keys import Key, Namespace
 PREFIX = b"kvt1:"
 
 
+def prefix_of(chain_digest: bytes) -> bytes:
+    """The start of every name in the namespace whose :meth:`Namespace.chain_digest` this is
+    (``prefix_of(d) + b"*"`` matches exactly that namespace's chunks)."""
+    return PREFIX + chain_digest.hex().encode() + b":{"
+
+
 class KeySpace:
     """Names of one namespace's chunks (all ranks)."""
 
     def __init__(self, namespace: Namespace) -> None:
-        self.prefix = PREFIX + namespace.chain_digest().hex().encode() + b":{"
+        self.prefix = prefix_of(namespace.chain_digest())
 
     def name(self, key: Key, rank: int) -> bytes:
         return self.prefix + key.hex().encode() + b"}:" + str(rank).encode()
