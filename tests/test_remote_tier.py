@@ -197,6 +197,29 @@ def test_a_dead_server_is_a_fast_miss_and_a_restarted_one_is_used_again():
             h.close()
 
 
+def test_a_cluster_down_at_start_is_misses_not_a_failed_start():
+    """No seed answers when the engine starts: building the tier succeeds, every call is
+    a miss, and nothing raises past the tier (redis-py's cluster client raises its own
+    exception class, not a RedisError, when it cannot learn the slot map)."""
+    from kvtier.testing.redis_server import free_port
+
+    target = parse_remote_url(f"redis+cluster://127.0.0.1:{free_port()}")
+    space = KeySpace(NAMESPACE)
+    index = RemoteIndex(RemoteClient(target, timeout_s=0.2), space, 1, wait_s=0.5)
+    store = RemoteStore(
+        RemoteClient(target, timeout_s=0.2), space, CHUNK_BYTES, NAMESPACE.digest(), 0
+    )
+    try:
+        keys = chain(2, salt=9)
+        assert probe(index, keys) == 0
+        assert store.write([-1] * 2, keys, segs(payload(2, 3))) == [False] * 2
+        out = torch.zeros(2, CHUNK_BYTES, dtype=torch.uint8)
+        assert store.read([-1] * 2, keys, segs(out)) == [False] * 2
+    finally:
+        index.close()
+        store.close()
+
+
 def test_a_slow_server_times_out_into_misses(server):  # noqa: F811
     import threading
 

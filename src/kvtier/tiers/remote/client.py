@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvtier.tiers.remote.url import RemoteTarget
@@ -95,15 +96,21 @@ class RemoteClient:
         }
         if target.tls:
             kw["ssl"] = True
-        self.client: Any
-        if target.cluster:
-            nodes = [redis.cluster.ClusterNode(h, p) for h, p in target.hosts]  # type: ignore[no-untyped-call]
-            self.client = self._guard(
-                lambda: redis.RedisCluster(startup_nodes=nodes, reinitialize_steps=1, **kw)
-            )
-        else:
+        self._kw = kw
+        self._client: Any = None
+        if not target.cluster:
             host, port = target.hosts[0]
-            self.client = redis.Redis(host=host, port=port, db=target.db, **kw)
+            self._client = redis.Redis(host=host, port=port, db=target.db, **kw)
+
+    @property
+    def client(self) -> Any:
+        """The library's client. A cluster client is built on first use, inside the
+        caller's guard: it contacts a seed to learn the slot map, and a cluster that is
+        down when the engine starts must cost misses, not the engine's start."""
+        if self._client is None:
+            nodes = [redis.cluster.ClusterNode(h, p) for h, p in self.target.hosts]  # type: ignore[no-untyped-call]
+            self._client = redis.RedisCluster(startup_nodes=nodes, reinitialize_steps=1, **self._kw)
+        return self._client
 
     # -- failure handling ----------------------------------------------------------------
 
@@ -113,7 +120,7 @@ class RemoteClient:
             raise RemoteUnavailable(f"{self.target.display}: unavailable (backing off)")
         try:
             return call()
-        except redis.RedisError as e:
+        except (redis.RedisError, RedisClusterException) as e:
             self._down_until = time.monotonic() + self.backoff_s
             # The library's messages carry hosts and reasons, never the password.
             msg = f"{self.target.display}: {type(e).__name__}: {e}"
@@ -238,4 +245,5 @@ class RemoteClient:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # already gone: nothing to release
-            self.client.close()
+            if self._client is not None:
+                self._client.close()
