@@ -55,7 +55,8 @@ class TierIndex(Protocol):
       private memory): kvtier alone writes the tier, so the index knows exactly what it
       holds; ``leading`` is a binary search, ``reserve`` hands out slots (evicting),
       ``hold`` pins a chain against eviction while it is read;
-    - shared (:class:`~kvtier.tiers.shared.ProbeIndex`): other engines write the store and
+    - shared (:class:`KeyAddressedIndex`: the in-process test tier, Redis): other engines
+      write the store and
       it evicts on its own. ``leading`` probes keys and stops at the first miss (and may
       answer PENDING), ``reserve`` hands out no slots (the store is addressed by key),
       ``hold`` cannot pin: a load may find a key gone and then fails that chunk.
@@ -118,6 +119,57 @@ class TierIndex(Protocol):
         """Forget what is not in use (reset). A shared index forgets its local state only."""
 
     def __len__(self) -> int: ...
+
+
+NO_SLOT = -1
+"""The address of a chunk in a key-addressed store (there are no slots)."""
+
+
+class KeyAddressedIndex:
+    """What every shared index answers alike (:class:`TierIndex`, shared kind): the store
+    is addressed by key, written by other engines too and evicts on its own, so there are
+    no slots, pins, stored prefix, recency or evictions to keep here. Subclasses answer
+    ``leading`` (the probe), ``is_ready``, ``has``, ``clear`` and ``__len__``."""
+
+    shared = True
+    evictions = 0
+    record_evictions = False
+
+    def stored_len(self, keys: Sequence[Key]) -> int:
+        return 0  # the store skips keys already present
+
+    def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
+        return [NO_SLOT] * len(keys)
+
+    def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
+        return []
+
+    def slots_of(self, keys: Sequence[Key]) -> list[int]:
+        return [NO_SLOT] * len(keys)
+
+    def hold(self, key: Key) -> bool:
+        return False  # no pins: a load copes with keys gone
+
+    def release(self, key: Key) -> None:
+        return None
+
+    def touch(self, keys: Sequence[Key]) -> None:
+        return None  # the store keeps its own recency
+
+    def observe(self, keys: Sequence[Key]) -> None:
+        return None  # the store's own policy decides what stays
+
+    def invalidate(self, key: Key) -> list[Key]:
+        return []  # other engines may hold good copies; a bad value is just a miss
+
+    def take_evicted(self) -> list[tuple[Key, int, Key | None]]:
+        return []
+
+    def slot_of(self, key: Key) -> int:
+        return NO_SLOT
+
+    def parent_of(self, key: Key) -> Key | None:
+        return None
 
 
 class SlotStore(ABC):

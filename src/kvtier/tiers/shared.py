@@ -25,10 +25,8 @@ from collections.abc import Sequence
 import torch
 
 from kvtier.keys import Key, rank_key
-from kvtier.tiers.base import PENDING, Pending, Segments, SlotStore
+from kvtier.tiers.base import PENDING, KeyAddressedIndex, Pending, Segments, SlotStore
 from kvtier.tiers.envelope import seal, unseal
-
-_NO_SLOT = -1
 
 
 class SharedSpace:
@@ -119,7 +117,7 @@ def drop_shared_space(url: str) -> None:
         _SPACES.pop(url, None)
 
 
-class ProbeIndex:
+class ProbeIndex(KeyAddressedIndex):
     """The shared :class:`~kvtier.tiers.base.TierIndex` over a :class:`SharedSpace`.
 
     ``ranks``: how many tensor-parallel ranks store each chunk (all must have it).
@@ -127,10 +125,6 @@ class ProbeIndex:
     :meth:`leading` returns PENDING. Answers are not cached: the store may lose any key at
     any time, and a load that finds one gone fails that chunk into recompute.
     """
-
-    shared = True
-    evictions = 0
-    record_evictions = False
 
     def __init__(self, space: SharedSpace, ranks: int = 1, delay_s: float = 0.0) -> None:
         self.space = space
@@ -155,47 +149,11 @@ class ProbeIndex:
                 self._asked = {k: t for k, t in self._asked.items() if now - t < 60}
         return self.space.leading(keys, self.ranks, start)
 
-    def stored_len(self, keys: Sequence[Key]) -> int:
-        return 0
-
-    def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
-        return [_NO_SLOT] * len(keys)
-
-    def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
-        return []
-
-    def slots_of(self, keys: Sequence[Key]) -> list[int]:
-        return [_NO_SLOT] * len(keys)
-
-    def hold(self, key: Key) -> bool:
-        return False
-
-    def release(self, key: Key) -> None:
-        return None
-
-    def touch(self, keys: Sequence[Key]) -> None:
-        return None  # the store keeps its own recency
-
-    def observe(self, keys: Sequence[Key]) -> None:
-        return None
-
-    def invalidate(self, key: Key) -> list[Key]:
-        return []
-
-    def take_evicted(self) -> list[tuple[Key, int, Key | None]]:
-        return []
-
     def is_ready(self, key: Key) -> bool:
         return self.space.leading([key], self.ranks) == 1
 
     def has(self, key: Key) -> bool:
         return self.is_ready(key)
-
-    def slot_of(self, key: Key) -> int:
-        return _NO_SLOT
-
-    def parent_of(self, key: Key) -> Key | None:
-        return None
 
     def clear(self) -> None:
         self._asked.clear()

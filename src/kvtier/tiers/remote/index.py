@@ -18,12 +18,11 @@ import time
 from collections.abc import Sequence
 
 from kvtier.keys import Key
-from kvtier.tiers.base import PENDING, Pending
+from kvtier.tiers.base import PENDING, KeyAddressedIndex, Pending
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
 
 log = logging.getLogger("kvtier")
-_NO_SLOT = -1
 _STALE_S = 60.0
 
 
@@ -36,17 +35,13 @@ class _Ask:
         self.t0 = time.monotonic()
 
 
-class RemoteIndex:
+class RemoteIndex(KeyAddressedIndex):
     """The shared :class:`~kvtier.tiers.base.TierIndex` of a remote tier.
 
     ``world``: ranks that each store their shard (a chunk counts only when all did).
     ``wait_s``: how long :meth:`leading` may wait for a probe before answering PENDING.
     Single-threaded use (the scheduler's thread); the probe thread is internal.
     """
-
-    shared = True
-    evictions = 0
-    record_evictions = False
 
     def __init__(
         self, client: RemoteClient, keyspace: KeySpace, world: int = 1, wait_s: float = 0.002
@@ -110,47 +105,11 @@ class RemoteIndex:
             t: a for t, a in self._asks.items() if not a.done.is_set() or now - a.t0 < _STALE_S
         }
 
-    def stored_len(self, keys: Sequence[Key]) -> int:
-        return 0  # the store skips keys already present
-
-    def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
-        return [_NO_SLOT] * len(keys)
-
-    def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
-        return []
-
-    def slots_of(self, keys: Sequence[Key]) -> list[int]:
-        return [_NO_SLOT] * len(keys)
-
-    def hold(self, key: Key) -> bool:
-        return False  # a remote store cannot pin: loads cope with keys gone
-
-    def release(self, key: Key) -> None:
-        return None
-
-    def touch(self, keys: Sequence[Key]) -> None:
-        return None  # the server keeps its own recency (allkeys-lru)
-
-    def observe(self, keys: Sequence[Key]) -> None:
-        return None  # the server's policy decides what stays
-
-    def invalidate(self, key: Key) -> list[Key]:
-        return []  # other engines may hold good copies; a bad value is just a miss
-
-    def take_evicted(self) -> list[tuple[Key, int, Key | None]]:
-        return []
-
     def is_ready(self, key: Key) -> bool:
         return False  # unknown without a round trip; the scheduler never needs it
 
     def has(self, key: Key) -> bool:
         return False  # a copy into this tier re-sends ancestors; the store skips present keys
-
-    def slot_of(self, key: Key) -> int:
-        return _NO_SLOT
-
-    def parent_of(self, key: Key) -> Key | None:
-        return None
 
     def clear(self) -> None:
         self._asks.clear()
