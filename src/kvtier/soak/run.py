@@ -11,7 +11,10 @@ engine settings and the same explicit CPU binding:
    truncated slab files, and a full filesystem (``ENOSPC`` from the kernel, on a tmpfs
    mounted for the run when this process may mount one).
 
-The remote tier does not exist yet, so no remote faults are injected (the JSON says so).
+With ``remote`` (the default) a third tier, a shared ``redis`` tier, sits last in the
+stack on a private ``redis-server`` on loopback (``maxmemory`` + ``allkeys-lru``, so it
+evicts keys on its own), and the server is killed, restarted empty and hung at random
+(:mod:`kvtier.soak.remote_faults`).
 The result: per-request comparison with the oracle, faults by kind, leaks after the final
 drain, resident memory growth after warm-up and hit tokens by source; a table on the
 terminal and JSON with a ``summary``.
@@ -33,7 +36,9 @@ from typing import Any
 
 from kvtier.bench.engine import run_module
 from kvtier.errors import ConfigError
+from kvtier.soak.remote_faults import RemoteFaultInjector
 from kvtier.soak.workload import RoundShape, build_rounds
+from kvtier.testing.redis_server import RedisServer
 
 SOAK_RUNNER = "kvtier.vllm.soak_runner"
 """The engine process: ``python -m SOAK_RUNNER SPEC.json OUT.json``."""
@@ -61,6 +66,12 @@ class SoakOptions:
     disk_fault_interval: float = 1.5
     """Mean seconds between two real faults on the disk tier's files."""
     slow_seconds: float = 0.05
+    remote: bool = True
+    """A shared redis tier last in the stack (cpu -> disk -> redis), with server faults."""
+    remote_fault_interval: float = 6.0
+    """Mean seconds between two faults of the redis-server (kill, restart empty, hang)."""
+    remote_maxmemory: str = "128mb"
+    """The server's ``maxmemory`` (``allkeys-lru``): small, so it evicts keys itself."""
     device_blocks: int = 16
     """The engine's own KV cache (blocks of 32 tokens): small, so vLLM preempts."""
     warmup_rounds: int = 1
@@ -102,16 +113,30 @@ def engine_settings(opts: SoakOptions) -> dict[str, Any]:
     }
 
 
-def kvtier_config(opts: SoakOptions, disk_path: str) -> dict[str, Any]:
+def kvtier_config(
+    opts: SoakOptions, disk_path: str, remote_url: str | None = None
+) -> dict[str, Any]:
     # Reads (loads) are rarer than writes (every store, every write-through copy): they
     # fail at a higher rate, so that both kinds occur in a short soak.
     rate, slow = opts.cpu_fault_rate, opts.slow_seconds
-    return {
+    tiers: dict[str, Any] = {
         "cpu_bytes": opts.cpu_bytes,
         "disk_path": disk_path,
         "disk_bytes": opts.disk_bytes,
         "disk_threads": 2,
         "disk_write_policy": "write-through",
+    }
+    if remote_url is not None:
+        tiers = {
+            "tiers": [
+                {"kind": "cpu", "capacity": opts.cpu_bytes},
+                {"kind": "disk", "path": disk_path, "capacity": opts.disk_bytes, "threads": 2},
+                # Shorter than a hang fault, so a hung server costs timeouts, not waits.
+                {"kind": "redis", "url": remote_url, "timeout_ms": 200},
+            ]
+        }
+    return {
+        **tiers,
         "fault_injection": {
             "seed": opts.seed,
             "read_fail_rate": min(1.0, 2.5 * rate),
@@ -201,10 +226,12 @@ def summarize(
     status: int,
     result: dict[str, Any] | None,
     enospc_mode: str,
+    remote_faults: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     wrong, failed, details = compare(oracle, result)
     r = result or {}
     faults = {k: v for k, v in r.get("faults", {}).items() if "_detected_" not in k}
+    faults.update(remote_faults or {})
     leaks = r.get("leaks", {})
     rss = r.get("rss_bytes", [])
     ref = rss[opts.warmup_rounds] if len(rss) > opts.warmup_rounds else 0
@@ -225,7 +252,12 @@ def summarize(
             "rss_growth_after_warmup": (rss[-1] / ref) if ref else None,
             "hit_tokens": hit_tokens(r.get("metrics", {})),
             "enospc": enospc_mode,
-            "remote_tier": "not built yet: no remote faults injected",
+            "remote_tier": (
+                f"redis-server on loopback, maxmemory {opts.remote_maxmemory} allkeys-lru, "
+                "killed / restarted empty / hung at random"
+                if opts.remote
+                else "off"
+            ),
         },
         "detected": {k: v for k, v in r.get("faults", {}).items() if "_detected_" in k},
         "faults_not_possible": r.get("faults_not_possible", {}),
@@ -281,12 +313,19 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
     if bar is not None:
         bar.n = total
         bar.refresh()
-    with small_filesystem(opts.fs_bytes) as (fs, enospc_mode):
+    remote_faults: dict[str, int] | None = None
+    with contextlib.ExitStack() as stack:
+        fs, enospc_mode = stack.enter_context(small_filesystem(opts.fs_bytes))
+        url, injector = None, None
+        if opts.remote:
+            server = stack.enter_context(RedisServer(maxmemory=opts.remote_maxmemory))
+            url = server.url
+            injector = RemoteFaultInjector(server, opts.seed + 3, opts.remote_fault_interval)
         kinds = ["corrupt", "truncate"] + (["enospc"] if enospc_mode == "tmpfs" else [])
         spec = {
             "model": model,
             "engine": engine,
-            "connector": kvtier_config(opts, fs),
+            "connector": kvtier_config(opts, fs, url),
             "program": rounds,
             "soak": {
                 "disk_faults": {
@@ -298,13 +337,19 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             },
         }
         t1 = time.perf_counter()
-        status, result = run_module(SOAK_RUNNER, spec, out_dir / "engine-kvtier.log", bar, env)
+        if injector is not None:
+            injector.start()
+        try:
+            status, result = run_module(SOAK_RUNNER, spec, out_dir / "engine-kvtier.log", bar, env)
+        finally:
+            if injector is not None:
+                remote_faults = injector.stop()
         t_kvtier = time.perf_counter() - t1
     if bar is not None:
         bar.n = 2 * total
         bar.refresh()
         bar.close()
-    report = summarize(opts, oracle, status, result, enospc_mode)
+    report = summarize(opts, oracle, status, result, enospc_mode, remote_faults)
     report.update(
         machine=machine_info(),
         binding=env,
@@ -314,7 +359,10 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             "shape": asdict(opts.shape),
             "engine": engine,
         },
-        config={**asdict(opts), "kvtier": kvtier_config(opts, "<tmpfs>")},
+        config={
+            **asdict(opts),
+            "kvtier": kvtier_config(opts, "<tmpfs>", "redis://<loopback>" if opts.remote else None),
+        },
         seconds={
             "oracle": t_oracle,
             "kvtier": t_kvtier,

@@ -56,9 +56,9 @@ class TierIndex(Protocol):
       holds; ``leading`` is a binary search, ``reserve`` hands out slots (evicting),
       ``hold`` pins a chain against eviction while it is read;
     - shared (:class:`KeyAddressedIndex`: the in-process test tier, Redis): other engines
-      write the store and it evicts on its own. ``leading`` probes keys and stops at the first miss (and may
-      answer PENDING), ``reserve`` hands out no slots (the store is addressed by key),
-      ``hold`` cannot pin: a load may find a key gone and then fails that chunk.
+      write the store and it evicts on its own. ``leading`` probes keys and stops at the
+      first miss (and may answer PENDING), ``reserve`` hands out no slots (the store is
+      addressed by key), ``hold`` cannot pin: a load may find a key gone and then fails that chunk.
 
     Single-threaded (the scheduler's thread). Every method is cheap or non-blocking.
     """
