@@ -1,8 +1,9 @@
 """The CI soak: about 100 requests of mixed traffic on a real vLLM engine with the CPU and
 disk tiers while faults are injected at random (failed and slow copies, disk read/write
-errors, corrupted and truncated slab files, a full filesystem), against an oracle engine
-without kvtier. Runs in the default suite (marker ``soak``, not ``slow``); the full soak
-is ``kvtier soak`` (1,000+ requests)."""
+errors, corrupted and truncated slab files, a full filesystem) and a shared redis tier
+whose server is killed, restarted empty and hung, against an oracle engine without
+kvtier. Runs in the default suite (marker ``soak``, not ``slow``); the full soak is
+``kvtier soak`` (1,000+ requests)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.soak]
 
 def test_short_soak_runs_clean(tmp_path):
     opts = SoakOptions(
-        requests=100, seed=1, out=str(tmp_path), progress=False, disk_fault_interval=0.7
+        requests=100,
+        seed=1,
+        out=str(tmp_path),
+        progress=False,
+        disk_fault_interval=0.7,
+        remote_fault_interval=2.0,
     )
     report = run_soak(opts)
     s = report["summary"]
@@ -30,6 +36,7 @@ def test_short_soak_runs_clean(tmp_path):
         s["faults_injected"].get("disk_corrupt", 0) + s["faults_injected"].get("disk_truncate", 0)
         > 0
     )
+    assert sum(v for k, v in s["faults_injected"].items() if k.startswith("remote_")) >= 3
     assert s["wrong_outputs"] == 0, report["problems"]
     assert s["failed_requests"] == 0 and s["crashes"] == 0
     assert s["leaked_slots"] == 0 and s["leaked_pins"] == 0 and s["leaked_jobs"] == 0

@@ -78,6 +78,7 @@ def _soak(args: argparse.Namespace) -> int:
         json=args.json,
         oracle=args.oracle,
         oracle_only=args.oracle_only,
+        remote=not args.no_remote,
     )
     report = run_soak(opts)
     if opts.oracle_only:
@@ -205,6 +206,11 @@ def parser() -> argparse.ArgumentParser:
     )
     k.add_argument(
         "--oracle-only", action="store_true", help="only run (and save) the oracle engine"
+    )
+    k.add_argument(
+        "--no-remote",
+        action="store_true",
+        help="without the redis tier (and its server faults): cpu -> disk only",
     )
     k.set_defaults(func=_soak)
 
