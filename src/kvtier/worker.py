@@ -13,7 +13,7 @@ Per step, in the engine's order:
    first waits until one of the async loads in flight finishes, up to
    ``IDLE_WAIT_SECONDS``: an idle engine would otherwise spin through empty steps (about
    a millisecond each, holding the interpreter and a core the copy threads need: a 4k-token
-   remote load took 2.4 s behind 1,280 empty steps, 0.25 s without them) and learn of the
+   remote load took 2.4 s behind 1,280 empty steps, 0.58 s without them) and learn of the
    load one step late.
 
 Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
