@@ -22,7 +22,10 @@ def test_short_soak_runs_clean(tmp_path):
         seed=1,
         out=str(tmp_path),
         progress=False,
-        disk_fault_interval=0.7,
+        # A CPU tier of ~22 chunks, so that recurring prefixes fall out of it and come back
+        # from disk; disk faults at the default pace (faster ones destroy most of what the
+        # disk tier holds in a run this short, and with it the disk hits).
+        cpu_bytes=32 << 20,
         remote_fault_interval=2.0,
     )
     report = run_soak(opts)

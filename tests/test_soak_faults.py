@@ -126,6 +126,32 @@ def test_row_path_faults_fail_whole_jobs_and_scribble_loads():
     assert not hasattr(FaultyStore(CpuSlab(2, [64], 1), FaultPlan()), "supports_rows")
 
 
+def test_tier_to_tier_copies_out_of_a_wrapped_disk_store_move_exact_bytes(tmp_path):
+    """A FaultyStore over the disk tier (the soak's) has no slot memory of its own to copy
+    from, like the disk store it wraps: disk -> cpu copies stage through a buffer and land
+    byte-exact; a FaultyStore over the CPU tier still copies straight from its slots."""
+    disk, keys = filled_slab(tmp_path / "d", n=4)
+    cpu = CpuSlab(4, [CH], 1)
+    stores = {"cpu": FaultyStore(cpu, FaultPlan(rows=True)), "disk": FaultyStore(disk, FaultPlan())}
+    assert hasattr(stores["cpu"], "payload_segments")
+    assert not hasattr(stores["disk"], "payload_segments")
+    eng = TransferEngine(
+        KVRegions.from_tensors([torch.zeros(4, CH, dtype=torch.uint8)], 4), stores, 1
+    )
+    try:
+        copy = TransferJob(
+            1, "r", "copy", "disk", False, keys, [0, 1, 2, 3], [], 0, "cpu", [3, 2, 1, 0]
+        )
+        eng.submit(copy)
+        assert eng.wait([1], timeout=10)
+        (result,) = eng.poll()
+        assert result.all_ok
+        for slot, k in zip([3, 2, 1, 0], keys, strict=True):
+            assert torch.equal(cpu.payload_segments(slot)[0][1].flatten(), payload(k))
+    finally:
+        eng.close()
+
+
 def test_fault_config_keys():
     cfg = KVTierConfig.from_dict(
         {

@@ -76,6 +76,10 @@ class FaultyStore(SlotStore):
         if plan.rows and hasattr(inner, "supports_rows"):
             # Only then: the transfer engine picks the row path by this attribute.
             self.supports_rows = inner.supports_rows
+        if hasattr(inner, "payload_segments"):
+            # Only then: the transfer engine copies tier to tier straight from these views
+            # when a store has them, and stages through a buffer when it has not.
+            self.payload_segments = inner.payload_segments
         log.warning("kvtier fault injection is active: %s", plan)
 
     def _fails(self, key: Key, rate: float, keys: set[Key], all_: bool) -> bool:
@@ -152,9 +156,6 @@ class FaultyStore(SlotStore):
             with self._lock:
                 self.failed_reads += 1
             raise InjectedFault(f"injected: row load from slab row {slab_row} failed")
-
-    def payload_segments(self, slot: int) -> list[tuple[int, torch.Tensor]]:
-        return self.inner.payload_segments(slot)  # type: ignore[attr-defined,no-any-return]
 
     def close(self) -> None:
         self.inner.close()
