@@ -14,9 +14,10 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   them (``raw``). GB/s counts payload bytes (1e9 bytes/s); rounds interleave kvtier and raw;
   best and worst of ``--repeats`` rounds. Ratio = kvtier / raw.
 - Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
-  here) whose chunks are all present: ``RemoteIndex.leading`` from the scheduler's side,
-  asked again until it answers (the probe thread, one Lua round trip per node holding
-  keys); median and worst of ``--probes``.
+  here): ``RemoteIndex.leading`` from the scheduler's side, asked again until it answers
+  (the probe thread), median and worst of ``--probes``, for a chain present whole, one
+  whose last quarter was never stored, and one missing a single chunk half-way (the
+  slow path: counting EXISTS, then the Lua probe).
 - With ``--vllm`` (real engines; minutes): ``kvtier.bench.two_engines`` (the ``two-engines``
   workload of ``kvtier bench``) with 6 conversations of 700-token documents and a 4k-token
   prompt: TTFT of the 4k-token prompt on a fresh engine B whose remote tier holds what engine
@@ -132,33 +133,43 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
 
 
 def lookup(url: str, probes: int, tokens: int = 131072, chunk: int = 32) -> dict[str, Any]:
+    """Probe times of a ``tokens``-token prompt: all present (``whole``), the first three
+    quarters present and the rest never stored (``tail_absent``), all present but one chunk
+    half-way (``hole``, the slow path: the Lua probe finds the miss)."""
     n = tokens // chunk
     space = KeySpace(NS)
     client = RemoteClient(parse_remote_url(url), timeout_s=5)
     keys = chunk_keys(list(range(tokens)), chunk, b"bench-lookup")
+    absent = chunk_keys(list(range(tokens)), chunk, b"bench-lookup-absent")
     for lo in range(0, n, 512):
         client.set_many([(nm, b"x") for nm in space.names(keys[lo : lo + 512], 0)])
     index = RemoteIndex(RemoteClient(parse_remote_url(url), timeout_s=5), space, 1, 0.005)
-    times = []
-    for i in range(probes + 1):
-        t0 = time.perf_counter()
-        while isinstance(got := index.leading(keys, 0), Pending):
-            time.sleep(0.0002)
-        dt = time.perf_counter() - t0
-        assert got == n, got
-        if i:
-            times.append(dt * 1e3)
+    three_quarters = 3 * n // 4
+    cases = {
+        "whole": (keys, n),
+        "tail_absent": (keys[:three_quarters] + absent[three_quarters:], three_quarters),
+        "hole": ([*keys[: n // 2], absent[n // 2], *keys[n // 2 + 1 :]], n // 2),
+    }
+    out: dict[str, Any] = {"tokens": tokens, "chunk_tokens": chunk, "keys": n}
+    for name, (chain, want) in cases.items():
+        times = []
+        for i in range(probes + 1):
+            t0 = time.perf_counter()
+            while isinstance(got := index.leading(chain, 0), Pending):
+                time.sleep(0.0002)
+            dt = time.perf_counter() - t0
+            assert got == want, (name, got, want)
+            if i:
+                times.append(dt * 1e3)
+        out[name] = {
+            "ms_median": statistics.median(times),
+            "ms_worst": max(times),
+            "ms_best": min(times),
+        }
     index.close()
     _flush(client)
     client.close()
-    return {
-        "tokens": tokens,
-        "chunk_tokens": chunk,
-        "keys": n,
-        "ms_median": statistics.median(times),
-        "ms_worst": max(times),
-        "ms_best": min(times),
-    }
+    return out
 
 
 def two_engines(url: str) -> dict[str, Any]:
@@ -246,16 +257,21 @@ def main() -> None:
         )
     )
     print(
-        f"lookup of a {lk['tokens']}-token prompt ({lk['keys']} keys): median "
-        f"{lk['ms_median']:.2f} ms, worst {lk['ms_worst']:.2f} ms"
+        f"lookup of a {lk['tokens']}-token prompt ({lk['keys']} keys), median / worst: "
+        + ", ".join(
+            f"{case.replace('_', ' ')} {lk[case]['ms_median']:.2f} / {lk[case]['ms_worst']:.2f} ms"
+            for case in ("whole", "tail_absent", "hole")
+        )
     )
     summary: dict[str, Any] = {
         "load_ratio_vs_raw_client": min(b["load_ratio"]["worst"] for b in bw),
         "load_ratio_vs_raw_client_best": max(b["load_ratio"]["best"] for b in bw),
         "store_ratio_vs_raw_client": min(b["store_ratio"]["worst"] for b in bw),
         "store_ratio_vs_raw_client_best": max(b["store_ratio"]["best"] for b in bw),
-        "lookup_ms_128k": lk["ms_median"],
-        "lookup_ms_128k_worst": lk["ms_worst"],
+        "lookup_ms_128k": lk["whole"]["ms_median"],
+        "lookup_ms_128k_worst": lk["whole"]["ms_worst"],
+        "lookup_ms_128k_tail_absent": lk["tail_absent"]["ms_median"],
+        "lookup_ms_128k_hole": lk["hole"]["ms_median"],
         "cluster": bool(a.cluster),
     }
     if vllm:

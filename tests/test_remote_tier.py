@@ -8,6 +8,8 @@ import time
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
@@ -28,6 +30,7 @@ from kvtier.testing.split_conformance import SplitConformance
 from kvtier.testing.split_conformance import _chain as split_chain
 from kvtier.testing.split_conformance import _segs as split_segs
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
+from kvtier.tiers.remote import client as client_module
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
 from redis_fixtures import cluster, flush, harness, server  # noqa: F401  (fixtures)
 
@@ -172,6 +175,60 @@ def test_password_never_appears_in_logs_or_errors(caplog):
 
 
 # -- faults at the store level -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["standalone", "cluster"])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.data(),
+    n=st.sampled_from([1, 3, 255, 256, 257, 700]),
+    world=st.integers(1, 3),
+    window=st.sampled_from([client_module.COUNT_WINDOW, 97]),
+)
+def test_probe_finds_the_first_chunk_missing_on_any_rank(
+    server,  # noqa: F811
+    cluster,  # noqa: F811
+    where,
+    data,
+    n,
+    world,
+    window,
+):
+    """The probe against a naive oracle: chains across the counting windows and the
+    script's EXISTS batches (256 chunks), any ranks missing anywhere; the answer is the
+    first chunk some rank lacks. A chain present whole never runs the script."""
+    url = server.url if where == "standalone" else cluster.url
+    flush(url)
+    space = KeySpace(NAMESPACE)
+    client = RemoteClient(parse_remote_url(url), timeout_s=5)
+    saved, client_module.COUNT_WINDOW = client_module.COUNT_WINDOW, window
+    try:
+        keys = chain(n, salt=data.draw(st.integers(0, 1 << 30)))
+        holes = data.draw(
+            st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, world - 1)), max_size=4)
+        )
+        names = [
+            space.name(k, r)
+            for i, k in enumerate(keys)
+            for r in range(world)
+            if (i, r) not in holes
+        ]
+        for lo in range(0, len(names), 512):
+            assert all(client.set_many([(nm, b"x") for nm in names[lo : lo + 512]]))
+        want = min((i for i, _ in holes), default=n)
+        if where == "standalone":
+            client.client.config_resetstat()
+        got = client.leading(
+            space.prefix, space.mids(keys), 2 * len(keys[0]), space.suffixes(world)
+        )
+        assert got == want
+        if where == "standalone" and not holes:
+            assert "cmdstat_evalsha" not in client.client.info("commandstats")
+    finally:
+        client_module.COUNT_WINDOW = saved
+        client.close()
 
 
 def test_a_dead_server_is_a_fast_miss_and_a_restarted_one_is_used_again():

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException
@@ -33,30 +34,40 @@ log = logging.getLogger("kvtier")
 # suffix per rank.
 # One argument for all chunks keeps a 4,096-chunk probe cheap to send and to parse. Names
 # are built here, so the script may touch keys of several slots: in a cluster it is sent to
-# the node owning every chunk passed (allow-cross-slot-keys, Redis >= 7.0).
+# the node owning every chunk passed (allow-cross-slot-keys, Redis >= 7.0). Each name is
+# one concatenation of three strings (Lua 5.1 interns every string it makes: building a name
+# in two steps cost a quarter of a 4,096-chunk probe).
 PROBE_SCRIPT = (
     "#!lua flags=allow-cross-slot-keys,no-writes\n"
     "local prefix, mids, w, b = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])\n"
+    "local sub, call, unpack, floor = string.sub, redis.call, unpack, math.floor\n"
+    "local per, nargs = #ARGV - 4, #ARGV\n"
     "local n = #mids / w\n"
     "local i = 0\n"
     "while i < n do\n"
     # A batch of chunks in one multi-key EXISTS; only a batch with a miss goes key by key.
-    "  local names = {}\n"
+    "  local names, c = {}, 0\n"
     "  local last = math.min(n, i + b) - 1\n"
     "  for j = i, last do\n"
-    "    local name = prefix .. string.sub(mids, j * w + 1, (j + 1) * w)\n"
-    "    for r = 5, #ARGV do names[#names + 1] = name .. ARGV[r] end\n"
+    "    local mid = sub(mids, j * w + 1, (j + 1) * w)\n"
+    "    for r = 5, nargs do\n"
+    "      c = c + 1\n"
+    "      names[c] = prefix .. mid .. ARGV[r]\n"
+    "    end\n"
     "  end\n"
-    "  if redis.call('EXISTS', unpack(names)) < #names then\n"
-    "    local per = #ARGV - 4\n"
-    "    for k = 1, #names do\n"
-    "      if redis.call('EXISTS', names[k]) == 0 then return i + math.floor((k - 1) / per) end\n"
+    "  if call('EXISTS', unpack(names)) < c then\n"
+    "    for k = 1, c do\n"
+    "      if call('EXISTS', names[k]) == 0 then return i + floor((k - 1) / per) end\n"
     "    end\n"
     "  end\n"
     "  i = last + 1\n"
     "end\n"
     "return n\n"
 )
+
+
+COUNT_WINDOW = 16384
+"""Names per counting EXISTS of a probe (a request of ~1.2 MiB)."""
 
 
 class RemoteUnavailable(Exception):
@@ -176,34 +187,74 @@ class RemoteClient:
 
     # -- probe ---------------------------------------------------------------------------
 
-    def leading(self, prefix: bytes, mids: Sequence[bytes], suffixes: Sequence[bytes]) -> int:
+    def leading(self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> int:
         """How many leading chunks exist under every suffix (rank): chunk i's names are
-        ``prefix + mids[i] + suffix``, all ``mids`` of one width. One round trip per node
-        holding them (a Lua loop that stops at the first miss); pipelined EXISTS where
+        ``prefix + mids[i * width : (i + 1) * width] + suffix``.
+
+        On a standalone server, chunks go in windows of up to COUNT_WINDOW names, each
+        counted by one multi-key EXISTS: a window fully present moves on, an empty one
+        ends the run. A window in between is counted again over its first ``c // ranks``
+        chunks (the run is no longer), and only when that too falls short does the Lua
+        probe look for the first miss. A chain present whole (the usual hit) or a present
+        prefix with an absent tail (the usual partial hit) costs one or two EXISTS; the
+        Lua loop, which builds every name on the server, takes ~3.4 ms for 4,096 chunks
+        where one EXISTS of them takes ~0.6 ms. A cluster goes to the Lua probe per node
+        (a multi-key EXISTS must stay within one slot there); pipelined EXISTS where
         scripting is refused."""
         if not mids:
             return 0
         if self._script_ok:
             try:
-                return self._guard(lambda: self._leading_script(prefix, mids, suffixes))  # type: ignore[no-any-return]
+                return self._guard(lambda: self._leading(prefix, mids, width, suffixes))  # type: ignore[no-any-return]
             except RemoteUnavailable as e:
                 if "script" not in str(e).lower():
                     raise
                 self._script_ok = False  # e.g. scripting disabled on a managed deployment
                 self._down_until = 0.0
-        names = [prefix + m + s for m in mids for s in suffixes]
+        names = [prefix + m + s for m in _split(mids, width) for s in suffixes]
         present = self.exists_many(names)
         first = present.index(False) if False in present else len(names)
         return first // len(suffixes)
 
+    def _leading(self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> int:
+        if self.target.cluster:
+            return self._leading_script(prefix, mids, width, suffixes)
+        n, ranks = len(mids) // width, len(suffixes)
+        step = max(1, COUNT_WINDOW // ranks)
+        for lo in range(0, n, step):
+            window = mids[lo * width : min(n, lo + step) * width]
+            size = len(window) // width
+            run = self._count(prefix, window, width, suffixes) // ranks
+            if run == size:
+                continue
+            if run and self._count(prefix, window[: run * width], width, suffixes) < run * ranks:
+                run = self._eval(prefix, window[: run * width], width, suffixes)
+            return lo + run
+        return n
+
+    def _count(self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> int:
+        """How many of the chunks' names (every rank) exist: one EXISTS, its request built
+        in a few array copies (redis-py packs 4,096 arguments one by one in ~2 ms)."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(_exists_request(prefix, mids, width, suffixes))
+            return int(conn.read_response())
+        finally:
+            pool.release(conn)
+
     def _eval(
-        self, prefix: bytes, mids: Sequence[bytes], suffixes: Sequence[bytes], node: Any = None
+        self,
+        prefix: bytes,
+        mids: bytes,
+        width: int,
+        suffixes: Sequence[bytes],
+        node: Any = None,
     ) -> int:
-        width = len(mids[0])
         # A multi-key EXISTS must stay in one slot in a cluster: one chunk (its ranks share
         # the hash tag) per EXISTS there, 256 chunks per EXISTS on a standalone server.
         batch = 1 if self.target.cluster else 256
-        args: list[Any] = [0, prefix, b"".join(mids), width, batch, *suffixes]
+        args: list[Any] = [0, prefix, mids, width, batch, *suffixes]
         kw = {} if node is None else {"target_nodes": node}
         if self._script_sha is None:
             sha = self.client.execute_command("SCRIPT", "LOAD", PROBE_SCRIPT, **kw)
@@ -215,25 +266,25 @@ class RemoteClient:
             return int(self.client.execute_command("EVAL", PROBE_SCRIPT, *args, **kw))
 
     def _leading_script(
-        self, prefix: bytes, mids: Sequence[bytes], suffixes: Sequence[bytes]
+        self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]
     ) -> int:
         if not self.target.cluster:
-            return self._eval(prefix, mids, suffixes)
+            return self._eval(prefix, mids, width, suffixes)
         # Group chunks by owning node (every rank of a chunk shares its hash tag), keeping
         # each group in chain order; the chain's leading run ends at any node's first miss.
         c = self.client
         groups: dict[str, tuple[Any, list[int], list[bytes]]] = {}
-        for i, m in enumerate(mids):
+        for i, m in enumerate(_split(mids, width)):
             node = c.nodes_manager.get_node_from_slot(c.keyslot(prefix + m + suffixes[0]))
             g = groups.setdefault(node.name, (node, [], []))
             g[1].append(i)
             g[2].append(m)
-        end = len(mids)
+        end = len(mids) // width
         for node, positions, group in groups.values():
             if positions[0] >= end:
                 continue
             take = sum(1 for p in positions if p < end)
-            n = self._eval(prefix, group[:take], suffixes, node)
+            n = self._eval(prefix, b"".join(group[:take]), width, suffixes, node)
             if n < take:
                 end = positions[n]
         return end
@@ -247,3 +298,27 @@ class RemoteClient:
         with contextlib.suppress(Exception):  # already gone: nothing to release
             if self._client is not None:
                 self._client.close()
+
+
+def _split(joined: bytes, width: int) -> list[bytes]:
+    return [joined[i : i + width] for i in range(0, len(joined), width)]
+
+
+def _exists_request(
+    prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]
+) -> list[bytes]:
+    """``EXISTS`` of every chunk's name under every suffix, in the wire protocol (RESP):
+    names of one suffix have one length, so each suffix's block is one array of rows
+    ``$len CRLF prefix mid suffix CRLF``."""
+    n = len(mids) // width
+    mid = np.frombuffer(mids, dtype=np.uint8).reshape(n, width)
+    parts = [b"*%d\r\n$6\r\nEXISTS\r\n" % (n * len(suffixes) + 1)]
+    for suffix in suffixes:
+        head = b"$%d\r\n" % (len(prefix) + width + len(suffix)) + prefix
+        tail = suffix + b"\r\n"
+        rows = np.empty((n, len(head) + width + len(tail)), dtype=np.uint8)
+        rows[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
+        rows[:, len(head) : len(head) + width] = mid
+        rows[:, len(head) + width :] = np.frombuffer(tail, dtype=np.uint8)
+        parts.append(rows.tobytes())
+    return parts

@@ -69,8 +69,11 @@ class RemoteIndex(KeyAddressedIndex):
             t0 = time.perf_counter()
             try:
                 ks = self.keyspace
-                mids = ks.mids(keys[start:])
-                ask.answer = start + self.client.leading(ks.prefix, mids, ks.suffixes(self.world))
+                tail = keys[start:]
+                mids, width = ks.mids(tail), 2 * len(tail[0])
+                ask.answer = start + self.client.leading(
+                    ks.prefix, mids, width, ks.suffixes(self.world)
+                )
             except RemoteUnavailable:
                 ask.answer = start  # down or slow: no hit, the engine computes
             except Exception:  # a bug must not kill the prober: no hit
