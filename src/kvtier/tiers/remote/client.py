@@ -182,6 +182,48 @@ class RemoteClient:
 
         return [v is True for v in self._guard(run)]
 
+    def set_many_parts(
+        self, items: Sequence[tuple[bytes, Sequence[Any]]], ttl_s: int = 0
+    ) -> list[bool]:
+        """SET each ``(key, parts)``, the value being the parts (bytes-like buffers, e.g.
+        views of engine or slab memory) end to end, in one pipelined round trip; per-item
+        success. The parts go to the socket as they are: no joined copy of the value is
+        made (joining 32 MiB of fresh values cost ~25 ms here, mostly page faults: more
+        than the transfer's own gap to a plain SET). On a cluster the values are joined
+        and sent through :meth:`set_many` (the library routes each key to its node)."""
+        if self.target.cluster:
+            return self.set_many([(k, b"".join(parts)) for k, parts in items], ttl_s)
+        return self._guard(lambda: self._set_parts(items, ttl_s))  # type: ignore[no-any-return]
+
+    def _set_parts(self, items: Sequence[tuple[bytes, Sequence[Any]]], ttl_s: int) -> list[bool]:
+        ttl = b"$2\r\nEX\r\n$%d\r\n%d\r\n" % (len(str(ttl_s)), ttl_s) if ttl_s else b""
+        argc = 5 if ttl_s else 3
+        wire: list[Any] = []
+        end = b""
+        for name, parts in items:
+            size = sum(memoryview(p).nbytes for p in parts)
+            head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (argc, len(name), name, size)
+            wire.append(end + head)
+            wire.extend(parts)
+            end = b"\r\n" + ttl
+        wire.append(end)
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(wire)
+            ok = []
+            for _ in items:
+                try:
+                    ok.append(conn.read_response() == b"OK")
+                except redis.ResponseError:  # this SET refused (e.g. OOM); the rest stand
+                    ok.append(False)
+            return ok
+        except BaseException:
+            conn.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            pool.release(conn)
+
     def delete(self, keys: Sequence[bytes]) -> None:
         self._guard(lambda: [self.client.delete(k) for k in keys])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,10 +72,10 @@ class RemoteStore(SlotStore):
         """Chunks not written because the store already had them."""
         self.failed_writes = 0
 
-    def _seal(self, key: Key, parent: Key | None, chunk: Segments) -> bytes:
-        """Envelope + payload as one bytes value, built with one copy of the payload (the
-        segments are joined straight from engine or slab memory; the checksum streams
-        over them)."""
+    def _seal(self, key: Key, parent: Key | None, chunk: Segments) -> list[Any]:
+        """Envelope + payload as the parts of one value: the envelope, then views of the
+        segments straight from engine or slab memory (no copy; the checksum streams over
+        them), sent as they are."""
         parts = sorted(((off, seg.reshape(-1)) for off, seg in chunk), key=lambda p: p[0])
         pos, views = 0, []
         for off, seg in parts:
@@ -88,16 +89,16 @@ class RemoteStore(SlotStore):
         for v in views:
             h.update(v)
         head = pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, h.intdigest())
-        return b"".join([head, *views])
+        return [head, *views]
 
-    def _seal_gathered(self, key: Key, parent: Key | None, chunk: Segments) -> bytes:
-        """The general case (segments out of order, partial, or on a device)."""
+    def _seal_gathered(self, key: Key, parent: Key | None, chunk: Segments) -> list[Any]:
+        """The general case (segments out of order, partial, or on a device): one copy."""
         buf = torch.zeros(self.slot_bytes, dtype=torch.uint8)
         for off, seg in chunk:
             buf[off : off + seg.numel()].copy_(seg.reshape(-1))
         payload = buf.numpy().tobytes()
         csum = payload_checksum(payload, key, self.namespace)
-        return pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, csum) + payload
+        return [pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, csum), payload]
 
     def write(
         self,
@@ -124,7 +125,7 @@ class RemoteStore(SlotStore):
                 (names[i], self._seal(keys[i], parents[i] if parents else None, src[i]))
                 for i in todo
             ]
-            wrote = self.client.set_many(items, self.ttl_s) if items else []
+            wrote = self.client.set_many_parts(items, self.ttl_s) if items else []
         except RemoteUnavailable:
             self.failed_writes += len(keys)
             return [False] * len(keys)
