@@ -185,13 +185,17 @@ class MiniEngine:
         sending, recving = w.transfer_results()
         errors |= w.load_errors()
         m.on_report(w.report())
+        # vLLM: failed blocks truncate every request still waiting for its async load at
+        # once, whether or not its load finished in this step (a request whose load is
+        # several jobs may see one job's failure steps before the last job is done).
+        for r in self.waiting:
+            bad = [i for i, b in enumerate(r.blocks) if b in errors] if r.waiting_load else []
+            if bad and bad[0] * self.bt < r.computed:
+                r.computed = bad[0] * self.bt
+                self.recomputed += 1
         for rid in recving:
             r = self.reqs[rid]
             r.waiting_load = False
-            bad = [i for i, b in enumerate(r.blocks) if b in errors]
-            if bad:
-                r.computed = min(r.computed, bad[0] * self.bt)
-                self.recomputed += 1
             if r.computed == len(r.tokens):
                 r.computed -= 1  # a full hit recomputes its last token
         for r in scheduled:
