@@ -8,8 +8,10 @@ rotation, ``--repeats`` times each. Every process gets the same explicit CPU bin
 otherwise reserves a core for a KV connector and the runs would differ in compute) and the
 same engine settings. Reported per configuration: ``LLM(...)`` construction time (model
 load, KV cache, connector set-up) and "ready": construction plus the first request's
-end-to-end latency (16 prompt tokens, 1 output token), worst and best. Target: 12 GiB
-start-up within 1.5 s of 1 GiB start-up.
+end-to-end latency (16 prompt tokens, 1 output token), worst and best, and per run
+kvtier's own part (``kvtier_register_s``: the worker's ``register_kv_caches``, from the
+engine's ``$KVTIER_TIMELINE``), so a slow start-up can be told apart from kvtier's share of
+it. Target: 12 GiB start-up within 1.5 s of 1 GiB start-up.
 
 Part 2, early copy bandwidth: in this process, a 12 GiB ``CpuSlab`` with SmolLM2's fp32
 engine layout (30 regions of 48 KiB rows per 32-token block) is created, and at once a loop
@@ -80,7 +82,9 @@ def start_engine(cpu_bytes: int | None, log_path: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="kvtier-startup-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec))
-        env = dict(os.environ, **cpu_binding())
+        events = log_path.with_suffix(".timeline.jsonl")
+        events.unlink(missing_ok=True)
+        env = dict(os.environ, **cpu_binding(), KVTIER_TIMELINE=str(events))
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             proc = subprocess.run(
@@ -99,6 +103,25 @@ def start_engine(cpu_bytes: int | None, log_path: Path) -> dict[str, float]:
         "startup_s": out["startup_seconds"],
         "ready_s": out["startup_seconds"] + first["e2e"],
         "process_s": wall,
+        **register_seconds(events),
+    }
+
+
+def register_seconds(events: Path) -> dict[str, float]:
+    """kvtier's own part of start-up, from the engine's timeline: the worker's
+    ``register_kv_caches`` (stores built: the CPU tier's slab; ready: the transfer engine
+    and its bandwidth calibration). Empty without a connector."""
+    phases: dict[str, float] = {}
+    if events.is_file():
+        for line in events.read_text().splitlines():
+            ev = json.loads(line)
+            if ev.get("ev") == "worker.register":
+                phases.setdefault(ev["phase"], ev["t"])
+    if not {"start", "stores", "ready"} <= phases.keys():
+        return {}
+    return {
+        "kvtier_stores_s": phases["stores"] - phases["start"],
+        "kvtier_register_s": phases["ready"] - phases["start"],
     }
 
 
@@ -175,9 +198,14 @@ def main() -> None:
             for name, size in CONFIGS.items():
                 r = start_engine(size, logs / f"engine-{name}-{rep}.log")
                 runs[name].append(r)
+                own = (
+                    f", kvtier's register {r['kvtier_register_s']:.2f} s"
+                    if "kvtier_register_s" in r
+                    else ""
+                )
                 print(
                     f"  run {rep + 1}/{args.repeats} {name:>4}: start-up {r['startup_s']:.2f} s,"
-                    f" ready {r['ready_s']:.2f} s",
+                    f" ready {r['ready_s']:.2f} s{own}",
                     flush=True,
                 )
     # 256 MiB: more KV than this engine can compute in its first second (~5.8k fp32

@@ -79,6 +79,7 @@ def _soak(args: argparse.Namespace) -> int:
         oracle=args.oracle,
         oracle_only=args.oracle_only,
         remote=not args.no_remote,
+        timeline=args.timeline,
     )
     report = run_soak(opts)
     if opts.oracle_only:
@@ -211,6 +212,12 @@ def parser() -> argparse.ArgumentParser:
         "--no-remote",
         action="store_true",
         help="without the redis tier (and its server faults): cpu -> disk only",
+    )
+    k.add_argument(
+        "--timeline",
+        default=None,
+        metavar="PATH",
+        help="record the kvtier engine's event timeline (JSON lines) in PATH",
     )
     k.set_defaults(func=_soak)
 

@@ -86,6 +86,8 @@ class SoakOptions:
     its two engines in separate sittings."""
     oracle_only: bool = False
     """Run (or reuse) the oracle, save it to ``oracle`` and stop."""
+    timeline: str | None = None
+    """Record the kvtier engine's event timeline (``$KVTIER_TIMELINE``) in this file."""
 
     @property
     def rounds(self) -> int:
@@ -209,7 +211,10 @@ def compare(
             same = a == b
         if not same:
             wrong += 1
-            details.append({"id": rid, "problem": "output differs", "expected": a, "got": b})
+            seen = {k: h[k] for k in ("hit_sources", "load", "num_cached", "prompt_len") if k in h}
+            details.append(
+                {"id": rid, "problem": "output differs", "expected": a, "got": b, **seen}
+            )
     return wrong, failed, details
 
 
@@ -218,6 +223,12 @@ def hit_tokens(metrics: dict[str, Any]) -> dict[str, int]:
     for labels, value in metrics.get("values", {}).get("hit_tokens", []):
         out[labels[0]] = out.get(labels[0], 0) + int(value)
     return out
+
+
+def _growth(rss: list[int], warmup_rounds: int) -> float | None:
+    """Resident memory at the end over the reference point after warm-up."""
+    ref = rss[warmup_rounds] if len(rss) > warmup_rounds else 0
+    return rss[-1] / ref if ref else None
 
 
 def summarize(
@@ -234,7 +245,6 @@ def summarize(
     faults.update(remote_faults or {})
     leaks = r.get("leaks", {})
     rss = r.get("rss_bytes", [])
-    ref = rss[opts.warmup_rounds] if len(rss) > opts.warmup_rounds else 0
     return {
         "summary": {
             "requests": sum(len(op["requests"]) for op in oracle["ops"]),
@@ -249,7 +259,12 @@ def summarize(
                 None if not leaks else leaks["jobs"] + leaks["worker_jobs"] + leaks["requests"]
             ),
             "index_errors": leaks.get("index_errors"),
-            "rss_growth_after_warmup": (rss[-1] / ref) if ref else None,
+            "rss_growth_after_warmup": _growth(rss, opts.warmup_rounds),
+            # The same engine without kvtier, on the same rounds: what vLLM (and torch)
+            # grow by on their own.
+            "oracle_rss_growth_after_warmup": _growth(
+                oracle.get("rss_bytes", []), opts.warmup_rounds
+            ),
             "hit_tokens": hit_tokens(r.get("metrics", {})),
             "enospc": enospc_mode,
             "remote_tier": (
@@ -340,7 +355,10 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
         if injector is not None:
             injector.start()
         try:
-            status, result = run_module(SOAK_RUNNER, spec, out_dir / "engine-kvtier.log", bar, env)
+            kv_env = {**env, "KVTIER_TIMELINE": opts.timeline} if opts.timeline else env
+            status, result = run_module(
+                SOAK_RUNNER, spec, out_dir / "engine-kvtier.log", bar, kv_env
+            )
         finally:
             if injector is not None:
                 remote_faults = injector.stop()
@@ -372,6 +390,8 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
         },
     )
     print(format_report(report))
+    if result is not None:  # every request's record, for a look at any problem
+        (out_dir / "engine-kvtier.json").write_text(json.dumps(result))
     path = Path(opts.json) if opts.json else out_dir / "soak.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nresults written to {path}")
@@ -386,7 +406,7 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     rows += [(f"  {k}", str(v)) for k, v in sorted(s["faults_injected"].items())]
     rows += [(f"  detected {k}", str(v)) for k, v in sorted(report["detected"].items())]
-    growth = s["rss_growth_after_warmup"]
+    growth, oracle_growth = s["rss_growth_after_warmup"], s.get("oracle_rss_growth_after_warmup")
     rows += [
         ("wrong outputs", str(s["wrong_outputs"])),
         ("failed requests", str(s["failed_requests"])),
@@ -396,6 +416,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{s['leaked_slots']} / {s['leaked_pins']} / {s['leaked_jobs']}",
         ),
         ("rss growth after warm-up", f"{growth:.3f}" if growth else "n/a"),
+        ("  the oracle's (no kvtier)", f"{oracle_growth:.3f}" if oracle_growth else "n/a"),
         ("hit tokens", ", ".join(f"{k} {v}" for k, v in sorted(s["hit_tokens"].items()))),
         ("preemptions / aborts", f"{report.get('preemptions')} / {report.get('aborted')}"),
         ("ENOSPC", s["enospc"]),

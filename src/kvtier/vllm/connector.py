@@ -327,6 +327,7 @@ class KVTierConnector(KVConnectorBase_V1):
     # == worker side ======================================================================
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        timeline.event("worker.register", phase="start")
         s = self.setup
         kvc = self._kv_cache_config
         dims = require_dims(declared_block_dims(self._vllm_config, kvc, kv_caches))
@@ -340,6 +341,7 @@ class KVTierConnector(KVConnectorBase_V1):
             )
         ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
         stores = build_stores(s.config, ctx)
+        timeline.event("worker.register", phase="stores")
         faults = dict(s.config.fault_injection or {})
         disk_faults = faults.pop("disk", None)
         first = next(iter(stores))
@@ -349,6 +351,7 @@ class KVTierConnector(KVConnectorBase_V1):
             stores["disk"] = FaultyStore(stores["disk"], FaultPlan(**disk_faults))
         engine = TransferEngine(regions, stores, s.blocks_per_chunk)
         self.worker = WorkerSide(engine)
+        timeline.event("worker.register", phase="ready", load_bandwidth=engine.load_bandwidth)
         log.info(
             "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s",
             len(regions.regions),
