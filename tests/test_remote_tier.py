@@ -32,7 +32,7 @@ from kvtier.testing.split_conformance import _segs as split_segs
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote import client as client_module
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
-from redis_fixtures import cluster, flush, harness, server  # noqa: F401  (fixtures)
+from redis_fixtures import cluster, flush, harness, raw_client, server  # noqa: F401  (fixtures)
 
 # -- the conformance suite on every shared tier ----------------------------------------------
 
@@ -229,6 +229,35 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
     finally:
         client_module.COUNT_WINDOW = saved
         client.close()
+
+
+def test_stores_set_their_ttl_and_a_refused_set_fails_only_its_chunk(server):  # noqa: F811
+    """The zero-copy pipelined SET: ``EX`` as configured; a server that refuses a SET
+    (out of memory, noeviction) fails that chunk, and the connection stays usable."""
+    flush(server.url)
+    space = KeySpace(NAMESPACE)
+    client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
+    store = RemoteStore(client, space, CHUNK_BYTES, NAMESPACE.digest(), ttl_s=90)
+    raw = raw_client(server.url)
+    try:
+        keys = chain(3, salt=21)
+        data = payload(3, 5)
+        assert store.write([-1] * 3, keys, segs(data)) == [True] * 3
+        assert all(0 < raw.ttl(space.name(k, 0)) <= 90 for k in keys)
+        out = torch.zeros(3, CHUNK_BYTES, dtype=torch.uint8)
+        assert store.read([-1] * 3, keys, segs(out)) == [True] * 3 and torch.equal(out, data)
+        used = int(raw.info("memory")["used_memory"])
+        raw.config_set("maxmemory-policy", "noeviction")
+        raw.config_set("maxmemory", used + CHUNK_BYTES // 2)
+        more = chain(6, salt=22)
+        got = store.write([-1] * 6, more, segs(payload(6, 6)))
+        assert False in got, got  # refused once memory ran out
+        raw.config_set("maxmemory", 0)
+        assert store.write([-1] * 6, more, segs(payload(6, 6))) == [True] * 6
+    finally:
+        raw.config_set("maxmemory", 0)
+        store.close()
+        raw.close()
 
 
 def test_a_dead_server_is_a_fast_miss_and_a_restarted_one_is_used_again():
