@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from kvtier import timeline
 from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.transfer.engine import TransferEngine
 
@@ -103,9 +104,12 @@ class WorkerSide:
             self._results.append(r)
             if job is None or r.kind != "load" or r.all_ok:
                 continue
+            failed: list[int] = []
             for ok, (_, blocks) in zip(r.ok, job.chunk_blocks(bpc), strict=True):
                 if not ok:
-                    self._load_errors.update(blocks)
+                    failed += blocks
+            self._load_errors.update(failed)
+            timeline.event("worker.load_failed", job=r.job_id, req=job.req_id, blocks=failed)
 
     # -- results ---------------------------------------------------------------------------
 

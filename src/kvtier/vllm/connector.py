@@ -260,6 +260,7 @@ class KVTierConnector(KVConnectorBase_V1):
                 scheduled=dict(num_sched),
                 loads=[(j.req_id, j.tier, j.sync) for j in plan.loads],
                 stores=len(plan.stores),
+                preempted=sorted(preempted),
             )
         if log.isEnabledFor(logging.DEBUG) and not plan.is_empty():
             log.debug(
