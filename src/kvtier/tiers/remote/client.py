@@ -207,17 +207,23 @@ class RemoteClient:
             wire.extend(parts)
             end = b"\r\n" + ttl
         wire.append(end)
+        return [r == b"OK" for r in self._send(wire, len(items))]
+
+    def _send(self, wire: Sequence[Any], replies: int) -> list[Any]:
+        """Send a request already in the wire protocol on a pooled connection and read its
+        ``replies``; a reply the server refused (an error reply) comes back as its
+        exception, so one refused command of a pipeline leaves the others standing."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
             conn.send_packed_command(wire)
-            ok = []
-            for _ in items:
+            out: list[Any] = []
+            for _ in range(replies):
                 try:
-                    ok.append(conn.read_response() == b"OK")
-                except redis.ResponseError:  # this SET refused (e.g. OOM); the rest stand
-                    ok.append(False)
-            return ok
+                    out.append(conn.read_response())
+                except redis.ResponseError as e:  # e.g. OOM on one SET
+                    out.append(e)
+            return out
         except BaseException:
             conn.disconnect()  # replies may be left unread on it
             raise
@@ -277,13 +283,10 @@ class RemoteClient:
     def _count(self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> int:
         """How many of the chunks' names (every rank) exist: one EXISTS, its request built
         in a few array copies (redis-py packs 4,096 arguments one by one in ~2 ms)."""
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command(_exists_request(prefix, mids, width, suffixes))
-            return int(conn.read_response())
-        finally:
-            pool.release(conn)
+        (reply,) = self._send(_exists_request(prefix, mids, width, suffixes), 1)
+        if isinstance(reply, Exception):
+            raise reply
+        return int(reply)
 
     def _eval(
         self,
