@@ -9,11 +9,10 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   of the whole batch on an emptied server (the envelope sealed, the payload checksummed,
   one pipelined EXISTS to skip present keys, then pipelined SETs); ``kvtier load``:
   ``RemoteStore.read`` into a destination tensor (GET, envelope and checksum checked,
-  scattered into the segments). Baselines, same bytes, same client object and connections,
-  same batch split, same run: pipelined SET of ready-made payload bytes and pipelined GET of
-  them (``raw``), and the payload alone through kvtier's zero-copy pipelined SET
-  (``RemoteClient.set_many_parts``; the library's SET copies each value into one request
-  buffer, hiredis's packer, which is why kvtier's store can beat ``raw``). Every timed write
+  scattered into the segments). Baselines (``raw``), same bytes, same client object and
+  connections, same batch split, same run: ``RemoteClient.set_many`` of ready-made payload
+  bytes (the library's pipelined SET on the connections kvtier's stores use, whose packer
+  sends each value as it is) and ``RemoteClient.get_many`` of them. Every timed write
   starts on an emptied server, and the order of the sides reverses every round (writes and
   loads). GB/s counts payload bytes (1e9 bytes/s); best and worst of ``--repeats`` rounds.
   Ratio = kvtier / baseline.
@@ -90,7 +89,6 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         "store": [],
         "load": [],
         "raw_set": [],
-        "raw_set_parts": [],
         "raw_get": [],
     }
     slots = [-1] * n
@@ -100,11 +98,6 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
             client.set_many(
                 list(zip(raw_names[lo : lo + per], raw_values[lo : lo + per], strict=True))
             )
-
-    def raw_set_parts() -> None:
-        for lo in range(0, n, per):
-            pairs = zip(raw_names[lo : lo + per], raw_values[lo : lo + per], strict=True)
-            client.set_many_parts([(k, [v]) for k, v in pairs])
 
     def raw_get() -> list[bytes | None]:
         out: list[bytes | None] = []
@@ -129,7 +122,7 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         # slower); both orders alternate across rounds, for the loads too.
         first = r % 2 == 0
         t = {}
-        writes = (("store", kvtier_store), ("raw_set", raw_set), ("raw_set_parts", raw_set_parts))
+        writes = (("store", kvtier_store), ("raw_set", raw_set))
         for name, fn in writes[:: 1 if first else -1]:
             _flush(client)
             t[name] = timed(fn)
@@ -148,14 +141,12 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
     store.close()
     ratios_load = [k / r for k, r in zip(samples["load"], samples["raw_get"], strict=True)]
     ratios_store = [k / r for k, r in zip(samples["store"], samples["raw_set"], strict=True)]
-    ratios_parts = [k / r for k, r in zip(samples["store"], samples["raw_set_parts"], strict=True)]
     return {
         "chunk_bytes": size,
         "chunks": n,
         "gbps": {k: {"best": max(v), "worst": min(v)} for k, v in samples.items()},
         "load_ratio": {"best": max(ratios_load), "worst": min(ratios_load)},
         "store_ratio": {"best": max(ratios_store), "worst": min(ratios_store)},
-        "store_ratio_zero_copy": {"best": max(ratios_parts), "worst": min(ratios_parts)},
     }
 
 
@@ -269,11 +260,8 @@ def main() -> None:
         rows.append(
             [
                 fmt_bytes(b["chunk_bytes"]),
-                f"{g['store']['best']:.2f} / {g['raw_set']['best']:.2f}"
-                f" / {g['raw_set_parts']['best']:.2f}",
+                f"{g['store']['best']:.2f} / {g['raw_set']['best']:.2f}",
                 f"{b['store_ratio']['worst']:.2f}-{b['store_ratio']['best']:.2f}",
-                f"{b['store_ratio_zero_copy']['worst']:.2f}-"
-                f"{b['store_ratio_zero_copy']['best']:.2f}",
                 f"{g['load']['best']:.2f} / {g['raw_get']['best']:.2f}",
                 f"{b['load_ratio']['worst']:.2f}-{b['load_ratio']['best']:.2f}",
             ]
@@ -283,9 +271,8 @@ def main() -> None:
         format_table(
             [
                 "chunk",
-                "store GB/s kvtier/raw/zero-copy",
-                "store/raw",
-                "store/zero-copy",
+                "store GB/s kvtier/raw",
+                "store ratio",
                 "load GB/s kvtier/raw",
                 "load ratio",
             ],
@@ -305,11 +292,6 @@ def main() -> None:
         "load_ratio_vs_raw_client_best": max(b["load_ratio"]["best"] for b in bw),
         "store_ratio_vs_raw_client": min(b["store_ratio"]["worst"] for b in bw),
         "store_ratio_vs_raw_client_best": max(b["store_ratio"]["best"] for b in bw),
-        # The library's pipelined SET copies every value into one request buffer (hiredis's
-        # packer); kvtier sends views. Against the same zero-copy SET of the payload alone,
-        # what the envelope and checksum cost:
-        "store_ratio_vs_zero_copy_set": min(b["store_ratio_zero_copy"]["worst"] for b in bw),
-        "store_ratio_vs_zero_copy_set_best": max(b["store_ratio_zero_copy"]["best"] for b in bw),
         "lookup_ms_128k": lk["whole"]["ms_median"],
         "lookup_ms_128k_worst": lk["whole"]["ms_worst"],
         "lookup_ms_128k_tail_absent": lk["tail_absent"]["ms_median"],

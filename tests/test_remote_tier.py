@@ -260,6 +260,50 @@ def test_stores_set_their_ttl_and_a_refused_set_fails_only_its_chunk(server):  #
         raw.close()
 
 
+def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  # noqa: F811
+    """Values are sealed into a per-thread staging buffer reused across batches: bytes a
+    chunk's segments leave uncovered read back as zeros even after that buffer held other
+    chunks, and a write split into several round trips keeps every chunk's own bytes."""
+    flush(server.url)
+    space = KeySpace(NAMESPACE)
+    client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
+    # Three values per round trip: a 7-chunk write takes three.
+    store = RemoteStore(client, space, CHUNK_BYTES, NAMESPACE.digest(), batch_bytes=3 * CHUNK_BYTES)
+    try:
+        keys, data = chain(7, salt=31), payload(7, 8)
+        assert store.write([-1] * 7, keys, segs(data)) == [True] * 7
+        out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
+        assert store.read([-1] * 7, keys, segs(out)) == [True] * 7 and torch.equal(out, data)
+        # Only the middle of the payload given: the rest must come back zero, not the
+        # previous batch's bytes still in the buffer.
+        part, lo, hi = chain(2, salt=32), CHUNK_BYTES // 4, 3 * CHUNK_BYTES // 4
+        mids = payload(2, 9)
+        src = [[(lo, mids[i][lo:hi])] for i in range(2)]
+        assert store.write([-1] * 2, part, src) == [True] * 2
+        back = torch.full((2, CHUNK_BYTES), 7, dtype=torch.uint8)
+        assert store.read([-1] * 2, part, segs(back)) == [True] * 2
+        want = torch.zeros(2, CHUNK_BYTES, dtype=torch.uint8)
+        want[:, lo:hi] = mids[:, lo:hi]
+        assert torch.equal(back, want)
+    finally:
+        store.close()
+
+
+def test_large_values_go_to_the_socket_as_they_are(server):  # noqa: F811
+    """The stores' connections pack a SET around the value's own buffer (the library's
+    pure-Python packer), not a copy of it in a request buffer."""
+    client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
+    try:
+        value = memoryview(bytearray(1 << 16))
+        conn = client._values.connection_pool.make_connection()
+        packed = conn.pack_commands([("SET", b"k", value)])
+        assert any(piece is value for piece in packed)
+        # The prober's connections keep the library's default packer.
+        assert client._values is not client.client
+    finally:
+        client.close()
+
+
 def test_a_dead_server_is_a_fast_miss_and_a_restarted_one_is_used_again():
     with RedisServer() as s:
         h = harness(s.url, 1, timeout_ms=200)

@@ -138,3 +138,49 @@ def test_row_path_and_segment_path_agree(faulty):
             assert torch.equal(block_bytes(kv, b), before[i + 1])
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_a_sync_load_that_fails_once_is_copied_again_within_the_step(rows):
+    """A transient copy error on a sync load is retried before the job reports: the blocks
+    end up exact and the load counts as good (vLLM would otherwise keep the scribbled
+    blocks cached until their owner recomputes them). A persistent error still fails the
+    chunk, and async loads, whose failures vLLM handles safely, are not retried."""
+    from kvtier.tiers import FaultPlan, FaultyStore
+
+    class FailsFirst(FaultyStore):
+        """Fails (and scribbles over) only the first ``n`` reads."""
+
+        def __init__(self, inner, n):
+            super().__init__(inner, FaultPlan(fail_all_reads=True, rows=rows))
+            self.left = n
+
+        def _fails(self, key, rate, keys, all_):
+            if self.left > 0 and all_:
+                self.left -= 1
+                return True
+            return False
+
+    kv = cpu_layout(num_blocks=30)
+    regions = KVRegions.from_tensors(kv, num_blocks=30)
+    bpc = 2
+    store = FailsFirst(CpuSlab(8, regions.row_bytes, bpc), 0)
+    eng = TransferEngine(regions, {"cpu": store}, bpc)
+    try:
+        src = [1, 2, 3, 4]
+        before = [block_bytes(kv, b).clone() for b in src]
+        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"a", b"b"], [0, 1], src))
+        assert eng.wait([1], timeout=10) and eng.poll()[0].all_ok
+        cases = [(True, 1, True), (True, 10, False), (False, 1, False)]  # sync?, failures, ok
+        for job_id, (sync, fails, want_ok) in enumerate(cases, start=2):
+            store.left = fails
+            dst = [20 + job_id, 21 + job_id, 10, 11]
+            eng.submit(TransferJob(job_id, "r", "load", "cpu", sync, [b"a", b"b"], [0, 1], dst))
+            assert eng.wait([job_id], timeout=10)
+            (result,) = eng.poll()
+            assert result.all_ok is want_ok, (sync, fails)
+            if want_ok:
+                for i, b in enumerate(dst):
+                    assert torch.equal(block_bytes(kv, b), before[i])
+    finally:
+        eng.close()

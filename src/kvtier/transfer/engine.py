@@ -288,10 +288,10 @@ class TransferEngine:
         if stream is not None:
             with torch.cuda.stream(stream):
                 stream.wait_event(ready)
-                ok = self.run_plan(job, prepared)
+                ok = self._run_checked(job, prepared)
                 stream.synchronize()
         else:
-            ok = self.run_plan(job, prepared)
+            ok = self._run_checked(job, prepared)
         timeline.event("copy.end", job=job.job_id, req=job.req_id, kind=job.kind)
         return JobResult(
             job.job_id,
@@ -303,6 +303,34 @@ class TransferEngine:
             nbytes,
             time.perf_counter() - t0,
         )
+
+    def _run_checked(self, job: TransferJob, prepared: tuple[str, Any]) -> list[bool]:
+        """Run the plan; a sync load that failed any chunk runs it once more, whole.
+
+        Why a sync load gets a second try: vLLM (``kv_load_failure_policy = "recompute"``)
+        leaves the blocks of a failed sync load in its prefix cache, counting on the
+        request that loaded them to recompute them in place at its next step. A request
+        that reaches those blocks before that (the owner preempted first, or another
+        request sharing them while the owner's recompute spans several chunked steps)
+        reads what the failed copy left. A transient copy error fixed within the step
+        never opens that window. Re-copying every chunk is idempotent (same slots into
+        the same blocks, nothing reads them before the forward). Async loads need no
+        retry: vLLM caches their blocks only once the load is reported good.
+        """
+        if not (job.sync and job.kind == "load"):
+            return self.run_plan(job, prepared)
+        for attempt in (1, 2):
+            try:
+                ok = self.run_plan(job, prepared)
+            except Exception as e:  # the queue's own handler would fail the whole job
+                if attempt == 2:
+                    raise
+                log.warning("kvtier: sync load %d failed (%s); copying it again", job.job_id, e)
+                ok = [False] * len(job.keys)
+            if all(ok) or attempt == 2:
+                break
+            timeline.event("copy.retry", job=job.job_id, req=job.req_id, failed=ok.count(False))
+        return ok
 
     def run_plan(self, job: TransferJob, prepared: tuple[str, Any]) -> list[bool]:
         """Execute a plan from :meth:`plan` on the calling thread (the queues' data path)."""
