@@ -44,6 +44,9 @@ __all__ = ["JobResult", "TransferEngine"]
 
 log = logging.getLogger(__name__)
 
+SYNC_LOAD_ATTEMPTS = 3
+"""Copies of a sync load before its failed chunks are reported (see ``_run_checked``)."""
+
 _PLAN_ON_QUEUE = object()
 """Marks a job whose copy plan is built by its queue thread."""
 
@@ -305,29 +308,33 @@ class TransferEngine:
         )
 
     def _run_checked(self, job: TransferJob, prepared: tuple[str, Any]) -> list[bool]:
-        """Run the plan; a sync load that failed any chunk runs it once more, whole.
+        """Run the plan; a sync load that failed any chunk runs it again, whole, up to
+        SYNC_LOAD_ATTEMPTS times in all.
 
-        Why a sync load gets a second try: vLLM (``kv_load_failure_policy = "recompute"``)
+        Why a sync load is copied again: vLLM (``kv_load_failure_policy = "recompute"``)
         leaves the blocks of a failed sync load in its prefix cache, counting on the
         request that loaded them to recompute them in place at its next step. A request
         that reaches those blocks before that (the owner preempted first, or another
         request sharing them while the owner's recompute spans several chunked steps)
         reads what the failed copy left. A transient copy error fixed within the step
-        never opens that window. Re-copying every chunk is idempotent (same slots into
-        the same blocks, nothing reads them before the forward). Async loads need no
-        retry: vLLM caches their blocks only once the load is reported good.
+        never opens that window; one that outlasts every attempt still does (closing it
+        needs vLLM to un-cache those blocks, as it does under the "fail" policy).
+        Re-copying every chunk is idempotent (same slots into the same blocks, nothing
+        reads them before the forward). Async loads need no retry: vLLM caches their
+        blocks only once the load is reported good.
         """
         if not (job.sync and job.kind == "load"):
             return self.run_plan(job, prepared)
-        for attempt in (1, 2):
+        for attempt in range(1, SYNC_LOAD_ATTEMPTS + 1):
+            last = attempt == SYNC_LOAD_ATTEMPTS
             try:
                 ok = self.run_plan(job, prepared)
             except Exception as e:  # the queue's own handler would fail the whole job
-                if attempt == 2:
+                if last:
                     raise
                 log.warning("kvtier: sync load %d failed (%s); copying it again", job.job_id, e)
                 ok = [False] * len(job.keys)
-            if all(ok) or attempt == 2:
+            if all(ok) or last:
                 break
             timeline.event("copy.retry", job=job.job_id, req=job.req_id, failed=ok.count(False))
         return ok

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -65,14 +67,21 @@ class RemoteStore(SlotStore):
         """Chunks not written because the store already had them."""
         self.failed_writes = 0
         self._local = threading.local()
+        # One thread each way, so a load never queues behind a store's sends.
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="kvtier-remote-send")
+        self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="kvtier-remote-fetch")
 
-    def _staging(self, values: int) -> torch.Tensor:
-        """This thread's staging buffer for ``values`` sealed values (grown on demand, then
-        reused: fresh memory costs a page fault per 4 KiB, more than the copy into it)."""
+    def _staging(self, which: int, values: int) -> torch.Tensor:
+        """This thread's staging buffer ``which`` (0 or 1: a batch is sealed into one while
+        the batch before it is sent from the other) for ``values`` sealed values; grown on
+        demand, then reused (fresh memory costs a page fault per 4 KiB, more than the copy
+        into it)."""
         need = values * (HEADER_BYTES + self.slot_bytes)
-        buf: torch.Tensor | None = getattr(self._local, "buf", None)
+        bufs: list[torch.Tensor | None] = getattr(self._local, "bufs", None) or [None, None]
+        self._local.bufs = bufs
+        buf = bufs[which]
         if buf is None or buf.numel() < need:
-            buf = self._local.buf = torch.empty(need, dtype=torch.uint8)
+            buf = bufs[which] = torch.empty(need, dtype=torch.uint8)
         return buf
 
     def _seal(self, key: Key, parent: Key | None, chunk: Segments, out: torch.Tensor) -> None:
@@ -97,6 +106,9 @@ class RemoteStore(SlotStore):
         csum = payload_checksum(view[HEADER_BYTES:], key, self.namespace)
         view[:HEADER_BYTES] = pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, csum)
 
+    def _spans(self, n: int) -> list[tuple[int, int]]:
+        return [(lo, min(n, lo + self.batch)) for lo in range(0, n, self.batch)]
+
     def write(
         self,
         slots: Sequence[int],
@@ -104,32 +116,71 @@ class RemoteStore(SlotStore):
         src: Sequence[Segments],
         parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
+        """Batches go as a two-stage pipeline: batch n is checked and sealed on the calling
+        thread while batch n - 1's SETs are sent from the sender thread."""
         ok: list[bool] = []
-        for lo in range(0, len(keys), self.batch):
-            hi = min(len(keys), lo + self.batch)
-            ok += self._write_batch(keys[lo:hi], src[lo:hi], parents[lo:hi] if parents else None)
+        spans = self._spans(len(keys))
+        sending: _Batch | None = None
+        for n, (lo, hi) in enumerate(spans):
+            batch = self._seal_batch(
+                keys[lo:hi], src[lo:hi], parents[lo:hi] if parents else None, n % 2, len(spans)
+            )
+            if sending is not None:
+                ok += self._sent(sending)
+            sending = batch
+        if sending is not None:
+            ok += self._sent(sending)
         return ok
 
-    def _write_batch(
-        self, keys: Sequence[Key], src: Sequence[Segments], parents: Sequence[Key | None] | None
-    ) -> list[bool]:
+    def _seal_batch(
+        self,
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None,
+        which: int,
+        batches: int,
+    ) -> _Batch:
+        """Skip the keys present, seal the rest into staging buffer ``which``, start their
+        SETs (on the sender thread when more batches follow)."""
         names = self.keyspace.names(keys, self.rank)
         try:
             present = self.client.exists_many(names)
-            todo = [i for i, p in enumerate(present) if not p]
-            self.skipped_writes += len(keys) - len(todo)
-            stage, size = self._staging(len(todo)), HEADER_BYTES + self.slot_bytes
-            view, items = stage.numpy().data, []
-            for j, i in enumerate(todo):
-                parent = parents[i] if parents else None
-                self._seal(keys[i], parent, src[i], stage[j * size : (j + 1) * size])
-                items.append((names[i], view[j * size : (j + 1) * size]))
-            wrote = self.client.set_many(items, self.ttl_s) if items else []
         except RemoteUnavailable:
-            self.failed_writes += len(keys)
-            return [False] * len(keys)
+            return _Batch(len(keys), None, [], None)
+        todo = [i for i, p in enumerate(present) if not p]
+        self.skipped_writes += len(keys) - len(todo)
+        if not todo:
+            return _Batch(len(keys), present, [], None)
+        stage, size = self._staging(which, len(todo)), HEADER_BYTES + self.slot_bytes
+        view, items = stage.numpy().data, []
+        for j, i in enumerate(todo):
+            parent = parents[i] if parents else None
+            self._seal(keys[i], parent, src[i], stage[j * size : (j + 1) * size])
+            items.append((names[i], view[j * size : (j + 1) * size]))
+        send = self.client.set_many
+        sent: Future[list[bool]] = Future()
+        if batches > 1:
+            sent = self._sender.submit(send, items, self.ttl_s)
+        else:  # nothing to overlap with: no thread hand-off
+            try:
+                sent.set_result(send(items, self.ttl_s))
+            except RemoteUnavailable as e:
+                sent.set_exception(e)
+        return _Batch(len(keys), present, todo, sent)
+
+    def _sent(self, batch: _Batch) -> list[bool]:
+        """Wait for a batch's SETs; per-chunk success (a present chunk counts as stored)."""
+        present, wrote = batch.present, []
+        if batch.sent is not None:
+            try:
+                wrote = batch.sent.result()
+            except RemoteUnavailable:
+                present = None
+        if present is None:
+            self.failed_writes += batch.size
+            return [False] * batch.size
         ok = list(present)
-        for i, w in zip(todo, wrote, strict=True):
+        for i, w in zip(batch.todo, wrote, strict=True):
             ok[i] = w
         self.failed_writes += ok.count(False)
         return ok
@@ -137,18 +188,35 @@ class RemoteStore(SlotStore):
     def read(
         self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
     ) -> list[bool]:
+        """Batches go as a two-stage pipeline: batch n + 1's GETs run on the fetcher thread
+        while batch n is checked and scattered on the calling thread."""
         ok: list[bool] = []
-        for lo in range(0, len(keys), self.batch):
-            hi = min(len(keys), lo + self.batch)
-            ok += self._read_batch(keys[lo:hi], dst[lo:hi])
+        spans = self._spans(len(keys))
+        names = self.keyspace.names(keys, self.rank)
+        ahead: Future[list[bytes | None]] | None = None
+        for n, (lo, hi) in enumerate(spans):
+            if ahead is None:
+                ahead = Future()
+                try:
+                    ahead.set_result(self.client.get_many(names[lo:hi]))
+                except RemoteUnavailable as e:
+                    ahead.set_exception(e)
+            got, ahead = ahead, None
+            if n + 1 < len(spans):
+                nlo, nhi = spans[n + 1]
+                ahead = self._fetcher.submit(self.client.get_many, names[nlo:nhi])
+            try:
+                values = got.result()
+            except RemoteUnavailable:
+                self.bad_reads += hi - lo
+                ok += [False] * (hi - lo)
+                continue
+            ok += self._unpack(keys[lo:hi], values, dst[lo:hi])
         return ok
 
-    def _read_batch(self, keys: Sequence[Key], dst: Sequence[Segments]) -> list[bool]:
-        try:
-            values = self.client.get_many(self.keyspace.names(keys, self.rank))
-        except RemoteUnavailable:
-            self.bad_reads += len(keys)
-            return [False] * len(keys)
+    def _unpack(
+        self, keys: Sequence[Key], values: Sequence[bytes | None], dst: Sequence[Segments]
+    ) -> list[bool]:
         ok = []
         for key, value, chunk in zip(keys, values, dst, strict=True):
             payload = unseal(value, key, self.namespace, self.slot_bytes)
@@ -167,4 +235,15 @@ class RemoteStore(SlotStore):
         return ok
 
     def close(self) -> None:
+        self._sender.shutdown()
+        self._fetcher.shutdown()
         self.client.close()
+
+
+class _Batch(NamedTuple):
+    """One write batch in flight: ``present`` None when the batch failed before sending."""
+
+    size: int
+    present: list[bool] | None
+    todo: list[int]
+    sent: Future[list[bool]] | None
