@@ -29,8 +29,10 @@ from kvtier.testing.shared_conformance import (
 from kvtier.testing.split_conformance import SplitConformance
 from kvtier.testing.split_conformance import _chain as split_chain
 from kvtier.testing.split_conformance import _segs as split_segs
+from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote import client as client_module
+from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
 from redis_fixtures import cluster, flush, harness, raw_client, server  # noqa: F401  (fixtures)
 
@@ -268,7 +270,9 @@ def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  
     space = KeySpace(NAMESPACE)
     client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
     # Three values per round trip: a 7-chunk write takes three.
-    store = RemoteStore(client, space, CHUNK_BYTES, NAMESPACE.digest(), batch_bytes=3 * CHUNK_BYTES)
+    per = 3 * (CHUNK_BYTES + HEADER_BYTES)
+    store = RemoteStore(client, space, CHUNK_BYTES, NAMESPACE.digest(), batch_bytes=per)
+    assert store.batch == 3
     try:
         keys, data = chain(7, salt=31), payload(7, 8)
         assert store.write([-1] * 7, keys, segs(data)) == [True] * 7
@@ -285,6 +289,47 @@ def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  
         want = torch.zeros(2, CHUNK_BYTES, dtype=torch.uint8)
         want[:, lo:hi] = mids[:, lo:hi]
         assert torch.equal(back, want)
+    finally:
+        store.close()
+
+
+def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa: F811
+    """Writes and reads go as two-stage pipelines over batches (the next batch sealed or
+    fetched on another thread): a batch whose round trip fails fails its own chunks only,
+    the batches around it keep their results, and nothing is left in flight."""
+    flush(server.url)
+    space = KeySpace(NAMESPACE)
+    client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
+    store = RemoteStore(
+        client, space, CHUNK_BYTES, NAMESPACE.digest(), batch_bytes=2 * (CHUNK_BYTES + HEADER_BYTES)
+    )
+    calls = {"set_many": 0, "get_many": 0}
+
+    def fail_nth(name, n):
+        real = getattr(client, name)
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            if calls[name] == n:
+                raise RemoteUnavailable("injected")
+            return real(*args, **kwargs)
+
+        setattr(client, name, call)
+
+    try:
+        keys, data = chain(7, salt=41), payload(7, 10)
+        fail_nth("set_many", 2)
+        got = store.write([-1] * 7, keys, segs(data))
+        assert got == [True, True, False, False, True, True, True], got
+        assert calls["set_many"] == 4
+        fail_nth("get_many", 3)
+        out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
+        got = store.read([-1] * 7, keys, segs(out))
+        # Chunks 2-3 were never stored; the GETs of chunks 4-5 fail; the rest is exact.
+        assert got == [True, True, False, False, False, False, True], got
+        for i in (0, 1, 6):
+            assert torch.equal(out[i], data[i])
+        assert store.failed_writes == 2 and store.bad_reads == 4
     finally:
         store.close()
 
