@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import numpy as np
@@ -120,16 +120,19 @@ class RemoteStore(SlotStore):
         thread while batch n - 1's SETs are sent from the sender thread."""
         ok: list[bool] = []
         spans = self._spans(len(keys))
-        sending: _Batch | None = None
-        for n, (lo, hi) in enumerate(spans):
-            batch = self._seal_batch(
-                keys[lo:hi], src[lo:hi], parents[lo:hi] if parents else None, n % 2, len(spans)
-            )
-            if sending is not None:
-                ok += self._sent(sending)
-            sending = batch
-        if sending is not None:
-            ok += self._sent(sending)
+        batches: list[_Batch] = []
+        try:
+            for n, (lo, hi) in enumerate(spans):
+                part = parents[lo:hi] if parents else None
+                batches.append(self._seal_batch(keys[lo:hi], src[lo:hi], part, n % 2, len(spans)))
+                if n:
+                    ok += self._sent(batches[n - 1])
+            if batches:
+                ok += self._sent(batches[-1])
+        finally:
+            # Never return (nor raise) while a send still reads a staging buffer: the next
+            # write on this thread seals into it.
+            wait([b.sent for b in batches[-2:] if b.sent is not None])
         return ok
 
     def _seal_batch(
