@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -27,6 +27,8 @@ from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
 
 log = logging.getLogger("kvtier")
+
+_T = TypeVar("_T")
 
 
 class RemoteStore(SlotStore):
@@ -160,15 +162,10 @@ class RemoteStore(SlotStore):
             parent = parents[i] if parents else None
             self._seal(keys[i], parent, src[i], stage[j * size : (j + 1) * size])
             items.append((names[i], view[j * size : (j + 1) * size]))
-        send = self.client.set_many
-        sent: Future[list[bool]] = Future()
         if batches > 1:
-            sent = self._sender.submit(send, items, self.ttl_s)
+            sent = self._sender.submit(self.client.set_many, items, self.ttl_s)
         else:  # nothing to overlap with: no thread hand-off
-            try:
-                sent.set_result(send(items, self.ttl_s))
-            except RemoteUnavailable as e:
-                sent.set_exception(e)
+            sent = _run_now(self.client.set_many, items, self.ttl_s)
         return _Batch(len(keys), present, todo, sent)
 
     def _sent(self, batch: _Batch) -> list[bool]:
@@ -198,13 +195,8 @@ class RemoteStore(SlotStore):
         names = self.keyspace.names(keys, self.rank)
         ahead: Future[list[bytes | None]] | None = None
         for n, (lo, hi) in enumerate(spans):
-            if ahead is None:
-                ahead = Future()
-                try:
-                    ahead.set_result(self.client.get_many(names[lo:hi]))
-                except RemoteUnavailable as e:
-                    ahead.set_exception(e)
-            got, ahead = ahead, None
+            got = ahead if ahead is not None else _run_now(self.client.get_many, names[lo:hi])
+            ahead = None
             if n + 1 < len(spans):
                 nlo, nhi = spans[n + 1]
                 ahead = self._fetcher.submit(self.client.get_many, names[nlo:nhi])
@@ -241,6 +233,17 @@ class RemoteStore(SlotStore):
         self._sender.shutdown()
         self._fetcher.shutdown()
         self.client.close()
+
+
+def _run_now(call: Callable[..., _T], *args: Any) -> Future[_T]:
+    """``call(*args)`` on this thread, its outcome as a finished future (like a submitted
+    call's, so both paths are waited for the same way)."""
+    done: Future[_T] = Future()
+    try:
+        done.set_result(call(*args))
+    except RemoteUnavailable as e:
+        done.set_exception(e)
+    return done
 
 
 class _Batch(NamedTuple):
