@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtier.config import EVICTION_POLICIES, KVTierConfig, SyncBudget
@@ -84,6 +84,97 @@ def test_policies_never_evict_pinned_in_flight_or_inner_keys(sequence, capacity,
         assert len(idx) <= capacity
         for k in pinned:
             assert idx.has(k) or k not in idx._entries or idx._entries[k].doomed
+
+
+class AlwaysTouching(SlotIndex):
+    """The naive reference: every touch moves its keys, never skipped as a no-op."""
+
+    def touch(self, keys: Sequence[Key]) -> None:
+        self.policy.touch_many(reversed(keys))
+
+
+def policy_state(policy: object) -> dict[str, object]:
+    """Everything a policy holds, orders included (OrderedDicts as item lists)."""
+    out: dict[str, object] = {"candidates": list(policy.candidates())}  # type: ignore[attr-defined]
+    for name, value in vars(policy).items():
+        out[name] = list(value.items()) if isinstance(value, dict) else value
+    return out
+
+
+touch_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["store", "begin", "end", "pin", "unpin", "observe", "drop", "none"]),
+        st.integers(0, 3),
+        st.integers(0, 6),
+        st.integers(0, 3),  # then a touch of this chain's prefix
+        st.integers(0, 6),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(touch_ops, st.integers(1, 9), st.sampled_from(EVICTION_POLICIES))
+# A store between two touches of a chain: its new keys and the ancestors it touches come
+# after the chain's tail, so the second touch is not a no-op (random search rarely builds
+# it: stores and touches of chains 0 and 1 sharing one chunk).
+@example([("store", 0, 4, 0, 4), ("store", 1, 4, 0, 4)], 9, "lru")
+@example([("store", 0, 4, 0, 4), ("store", 1, 4, 0, 4)], 9, "adaptive")
+@example(
+    [
+        ("observe", 0, 0, 0, 0),
+        ("store", 0, 4, 3, 0),
+        ("observe", 0, 0, 0, 0),
+        ("store", 1, 4, 0, 4),
+    ],
+    9,
+    "arc",
+)
+# A removal that makes a used, parked key a leaf again puts it at the most recent end.
+@example(
+    [("store", 1, 6, 1, 4), ("store", 1, 6, 2, 6), ("store", 2, 2, 2, 2), ("drop", 1, 3, 2, 6)],
+    5,
+    "chain-arc",
+)
+def test_skipped_touches_leave_every_policy_as_real_touches_do(sequence, capacity, policy):
+    """The index skips a touch that nothing could have made different from the chain's last
+    observe / touch; after every step (an operation, then a touch of a held prefix, as the
+    manager touches a hit) its policy must equal the naive reference's."""
+    fast = SlotIndex(capacity, make_eviction_policy(policy, capacity))
+    ref = AlwaysTouching(capacity, make_eviction_policy(policy, capacity))
+    chains = tree(4)
+    in_flight: list[list[Key]] = []
+    pinned: list[Key] = []
+    for op, ci, n, ti, tn in sequence:
+        keys = chains[ci]
+        batch = in_flight.pop(ci % len(in_flight)) if op == "end" and in_flight else []
+        pin = pinned.pop(ci % len(pinned)) if op == "unpin" and pinned else None
+        for idx in (fast, ref):
+            if op in ("store", "begin"):
+                present = idx.prefix_len(keys, any_state=True)
+                todo = keys[present : max(n, 1)]
+                slots = idx.reserve(todo, keys[present - 1] if present else None)
+                if op == "store":
+                    idx.commit(todo[: len(slots)], [True] * len(slots))
+                elif slots and idx is fast:
+                    in_flight.append(todo[: len(slots)])
+            elif batch:
+                idx.commit(batch, [True] * len(batch))
+            elif op == "pin":
+                m = idx.prefix_len(keys[: max(n, 1)])
+                if m:
+                    idx.pin([keys[m - 1]])
+                    if idx is fast:
+                        pinned.append(keys[m - 1])
+            elif pin is not None:
+                idx.unpin([pin])
+            elif op == "observe":
+                idx.observe(keys)
+            elif op == "drop":
+                idx.invalidate(keys[min(n, 5)])
+            touched = chains[ti]
+            idx.touch(touched[: min(tn, idx.prefix_len(touched))])
+        assert policy_state(fast.policy) == policy_state(ref.policy), (op, ci, n, ti, tn)
 
 
 # -- reuse is counted once per request -------------------------------------------------------

@@ -42,6 +42,8 @@ def preferred_dtype() -> str:
 def machine_info() -> dict[str, Any]:
     import torch
 
+    from kvtier.transfer import cuda_available
+
     flags = cpu_flags()
     return {
         "platform": platform.platform(),
@@ -51,5 +53,5 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_bf16": bool({"avx512_bf16", "amx_bf16"} & flags),
         "avx512": "avx512f" in flags,
-        "cuda": torch.cuda.is_available(),
+        "cuda": cuda_available(),
     }

@@ -36,6 +36,11 @@ class EvictionPolicy(ABC):
     stored descendants; a key it yields too early is skipped and handed to ``defer``.
     """
 
+    observe_refreshes = False
+    """Whether ``observe`` leaves the stored prefix exactly as ``touch_many`` of it, tail
+    first, would (the most recent, ancestors last), so the tier may skip a touch that
+    follows it with nothing in between."""
+
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
 
@@ -134,6 +139,8 @@ class ARCPolicy(EvictionPolicy):
     of each new chunk touches its ancestors, which would otherwise promote a chain that one
     request prefilled over several steps.
     """
+
+    observe_refreshes = True
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)

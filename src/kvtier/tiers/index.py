@@ -47,6 +47,44 @@ def _writing(e: _Entry) -> bool:
     return e.state == STORING and not e.done
 
 
+class RecencyMemo:
+    """Tells when refreshing a chain's recency would change nothing.
+
+    A touch of a chain prefix makes its keys the most recent, ancestors last. Doing it again
+    is a no-op while nothing changed the policy's order since, and the prefix is covered by
+    the last refresh: the index then skips it. Every change of the order must be reported
+    (:meth:`changed`), or a touch that matters is skipped.
+    """
+
+    __slots__ = ("_changes", "_fresh")
+
+    def __init__(self) -> None:
+        self._changes = 0
+        self._fresh: tuple[int, Sequence[Key], int] | None = None
+        """``(changes, chain, n)`` of the last refresh: the chain's first ``n`` keys were
+        made the most recent (chains only grow, so those keys stay as they were)."""
+
+    def changed(self) -> None:
+        """The policy's order may have changed (a store, removal, deferral, restore)."""
+        self._changes += 1
+
+    def refreshed(self, keys: Sequence[Key], n: int) -> None:
+        """``keys[:n]`` were just made the most recent, tail first."""
+        self._changes += 1
+        self._fresh = (self._changes, keys, n)
+
+    def is_fresh(self, keys: Sequence[Key]) -> bool:
+        """Whether the chain prefix ``keys`` is as a touch would leave it."""
+        n, fresh = len(keys), self._fresh
+        return (
+            n > 0
+            and fresh is not None
+            and fresh[0] == self._changes
+            and n <= fresh[2]
+            and fresh[1][n - 1] == keys[n - 1]  # chained keys: equal here, equal prefix
+        )
+
+
 class SlotIndex:
     """Key -> slot map of a tier with ``num_slots`` fixed-size slots: the authoritative,
     prefix-closed :class:`~kvtier.tiers.base.TierIndex`."""
@@ -70,6 +108,8 @@ class SlotIndex:
         """Keep ``(key, slot, parent)`` of every evicted key for :meth:`take_evicted`
         (write-back demotes them); off by default, so nothing accumulates unread."""
         self._evicted: list[tuple[Key, int, Key | None]] = []
+        self.recency = RecencyMemo()
+        """Told of every change of the policy's order, so a no-op touch is skipped."""
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -154,7 +194,7 @@ class SlotIndex:
             return []
         need = len(keys) - len(self._free)
         if need > 0:
-            self._evict(need, protect=parent)
+            evict_leaves(self, need, protect=parent)
         n = min(len(keys), len(self._free))
         slots = [self._free.pop() for _ in range(n)]
         prev = parent
@@ -169,6 +209,7 @@ class SlotIndex:
         # meet leaves first and eviction never has to scan past inner nodes.
         self.policy.insert_chain(keys[:n], parent)
         self._touch_ancestors(parent)
+        self.recency.changed()
         return slots
 
     def _touch_ancestors(self, key: Key | None) -> None:
@@ -242,15 +283,27 @@ class SlotIndex:
     def observe(self, keys: Sequence[Key]) -> None:
         """One request's use of its chain ``keys`` (root first), for the eviction policy's
         reuse counting. Call once per request, before touching its hit."""
-        self.policy.observe(keys, self.prefix_len(keys))
+        held = self.prefix_len(keys)
+        self.policy.observe(keys, held)
+        if self.policy.observe_refreshes:
+            self.recency.refreshed(keys, held)
+        else:
+            self.recency.changed()
 
     def touch(self, keys: Sequence[Key]) -> None:
         """Refresh the recency of a chain prefix ``keys`` (which must start at the chain's
         root); not a use (see :meth:`observe`).
 
-        Tail first, so ancestors end up the most recent (see :meth:`reserve`).
+        Tail first, so ancestors end up the most recent (see :meth:`reserve`). Skipped, as
+        the no-op it would be, when nothing changed the order since this chain's last
+        ``observe`` or ``touch`` covered ``keys``: a request's hit is touched when vLLM
+        allocates its blocks, right after its first lookup observed the chain (a 128k-token
+        hit: 8,192 moves, ~0.5 ms of the scheduler's step).
         """
+        if self.recency.is_fresh(keys):
+            return
         self.policy.touch_many(reversed(keys))
+        self.recency.refreshed(keys, len(keys))
 
     # -- removal ---------------------------------------------------------------------------
 
@@ -308,51 +361,55 @@ class SlotIndex:
                 if p.doomed and not p.children and p.pins == 0 and not _writing(p):
                     self._remove(e.parent, evicted=False)
         self.policy.remove(key, evicted=evicted)
+        self.recency.changed()
         self._free.append(e.slot)
-
-    def _evict(self, n: int, protect: Key | None) -> list[Key]:
-        """Evict up to ``n`` leaves in policy order. A parent left childless by this pass
-        may come earlier in the order than its child, so passes repeat while they free
-        something and more is needed."""
-        victims: list[Key] = []
-        while len(victims) < n:
-            got = self._evict_pass(n - len(victims), protect)
-            if not got:
-                break
-            victims += got
-        return victims
-
-    def _evict_pass(self, n: int, protect: Key | None) -> list[Key]:
-        victims: list[Key] = []
-        inner: list[Key] = []  # offered before their descendants: handed to policy.defer
-        gone_children: dict[Key, int] = {}
-        entries = self._entries
-        for key in self.policy.candidates():
-            e = entries[key]
-            if key == protect or e.state != READY or e.pins or e.doomed:
-                continue
-            if len(e.children) > gone_children.get(key, 0):
-                inner.append(key)
-                continue
-            victims.append(key)
-            if e.parent is not None:
-                gone_children[e.parent] = gone_children.get(e.parent, 0) + 1
-            if len(victims) == n:
-                break
-        if self.record_evictions:
-            self._evicted.extend((k, entries[k].slot, entries[k].parent) for k in victims)
-        for key in victims:
-            self._remove(key, evicted=True)
-        if inner:  # those still inner now (this pass may have taken their last child)
-            self.policy.defer([k for k in inner if k in entries and entries[k].children])
-        self.evictions += len(victims)
-        return victims
 
     # -- integrity -------------------------------------------------------------------------
 
     def check(self) -> None:
         """Raise AssertionError if an invariant is broken (tests and debugging)."""
         check_index(self, self._entries, self._free)
+
+
+def evict_leaves(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
+    """Evict up to ``n`` leaves of ``index`` in its policy's order, never ``protect``. A
+    parent left childless by a pass may come earlier in the order than its child, so passes
+    repeat while they free something and more is needed."""
+    victims: list[Key] = []
+    while len(victims) < n:
+        got = _eviction_pass(index, n - len(victims), protect)
+        if not got:
+            break
+        victims += got
+    return victims
+
+
+def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
+    victims: list[Key] = []
+    inner: list[Key] = []  # offered before their descendants: handed to policy.defer
+    gone_children: dict[Key, int] = {}
+    entries = index._entries
+    for key in index.policy.candidates():
+        e = entries[key]
+        if key == protect or e.state != READY or e.pins or e.doomed:
+            continue
+        if len(e.children) > gone_children.get(key, 0):
+            inner.append(key)
+            continue
+        victims.append(key)
+        if e.parent is not None:
+            gone_children[e.parent] = gone_children.get(e.parent, 0) + 1
+        if len(victims) == n:
+            break
+    if index.record_evictions:
+        index._evicted.extend((k, entries[k].slot, entries[k].parent) for k in victims)
+    for key in victims:
+        index._remove(key, evicted=True)
+    if inner:  # those still inner now (this pass may have taken their last child)
+        index.policy.defer([k for k in inner if k in entries and entries[k].children])
+        index.recency.changed()
+    index.evictions += len(victims)
+    return victims
 
 
 def check_index(index: SlotIndex, entries: dict[Key, _Entry], free: list[int]) -> None:
@@ -395,6 +452,7 @@ def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | No
         if parent is not None:
             index._entries[parent].children.append(key)
         index.policy.insert(key)
+    index.recency.changed()
     # Lowest free slots first, as on a fresh index.
     index._free = [s for s in range(index.num_slots - 1, -1, -1) if s not in taken]
     return len(taken)

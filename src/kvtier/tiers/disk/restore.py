@@ -61,6 +61,7 @@ def restore_index(index: SlotIndex, records: Iterable[SlotRecord]) -> int:
         for r in sorted(order, key=lambda r: (newest[r.key], -depth[r.key])):
             policy.remove(r.key)
             policy.insert(r.key)
+        index.recency.changed()
     return len(order)
 
 
