@@ -188,6 +188,7 @@ def test_password_never_appears_in_logs_or_errors(caplog):
     n=st.sampled_from([1, 3, 255, 256, 257, 700]),
     world=st.integers(1, 3),
     window=st.sampled_from([client_module.COUNT_WINDOW, 97]),
+    depth=st.sampled_from([client_module.COUNT_DEPTH, 2]),
 )
 def test_probe_finds_the_first_chunk_missing_on_any_rank(
     server,  # noqa: F811
@@ -197,15 +198,18 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
     n,
     world,
     window,
+    depth,
 ):
-    """The probe against a naive oracle: chains across the counting windows and the
-    script's EXISTS batches (256 chunks), any ranks missing anywhere; the answer is the
-    first chunk some rank lacks. A chain present whole never runs the script."""
+    """The probe against a naive oracle: chains across the counting windows (pipelined in
+    groups of ``depth``) and the script's EXISTS batches (256 chunks), any ranks missing
+    anywhere; the answer is the first chunk some rank lacks. A chain present whole never
+    runs the script."""
     url = server.url if where == "standalone" else cluster.url
     flush(url)
     space = KeySpace(NAMESPACE)
     client = RemoteClient(parse_remote_url(url), timeout_s=5)
-    saved, client_module.COUNT_WINDOW = client_module.COUNT_WINDOW, window
+    saved = client_module.COUNT_WINDOW, client_module.COUNT_DEPTH
+    client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = window, depth
     try:
         keys = chain(n, salt=data.draw(st.integers(0, 1 << 30)))
         holes = data.draw(
@@ -229,7 +233,30 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
         if where == "standalone" and not holes:
             assert "cmdstat_evalsha" not in client.client.info("commandstats")
     finally:
-        client_module.COUNT_WINDOW = saved
+        client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved
+        client.close()
+
+
+@pytest.mark.parametrize("hole", [None, 5, 230, 650])
+def test_probe_goes_on_past_its_first_pipelined_group(server, hole):  # noqa: F811
+    """Windows of 97 names, two in flight: a 700-chunk, two-rank chain takes eight groups;
+    a miss in any of them (or none) is found where it is."""
+    flush(server.url)
+    space = KeySpace(NAMESPACE)
+    client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
+    saved = client_module.COUNT_WINDOW, client_module.COUNT_DEPTH
+    client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = 97, 2
+    try:
+        keys = chain(700, salt=hole or 0)
+        names = [
+            space.name(k, r) for i, k in enumerate(keys) for r in (0, 1) if (i, r) != (hole, 1)
+        ]
+        for lo in range(0, len(names), 512):
+            assert all(client.set_many([(nm, b"x") for nm in names[lo : lo + 512]]))
+        got = client.leading(space.prefix, space.mids(keys), 2 * len(keys[0]), space.suffixes(2))
+        assert got == (700 if hole is None else hole)
+    finally:
+        client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved
         client.close()
 
 
