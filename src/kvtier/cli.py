@@ -80,6 +80,7 @@ def _soak(args: argparse.Namespace) -> int:
         oracle_only=args.oracle_only,
         remote=not args.no_remote,
         timeline=args.timeline,
+        step_warmup=not args.no_step_warmup,
     )
     report = run_soak(opts)
     if opts.oracle_only:
@@ -218,6 +219,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PATH",
         help="record the kvtier engine's event timeline (JSON lines) in PATH",
+    )
+    k.add_argument(
+        "--no-step-warmup",
+        action="store_true",
+        help="skip the prefill of every step size before the rounds (memory then grows "
+        "with each step size the engine meets for the first time)",
     )
     k.set_defaults(func=_soak)
 

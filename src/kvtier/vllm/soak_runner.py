@@ -7,7 +7,10 @@ spec whose program is a list of ``serve`` ops (rounds), with two additions under
 - ``"disk_faults"``: ``{"seed", "kinds", "interval", "enospc_seconds"}`` starts a
   :class:`~kvtier.soak.disk_faults.DiskFaultInjector` on the disk tier's directory for the
   whole program (real corrupt / truncated slab files, a full filesystem);
-- after every round the process's resident memory (``VmRSS``) is recorded.
+- ``"step_warmup": N`` first runs one prefill of every step size from 1 to N tokens
+  (the engine keeps native state per new step size; see ``SoakOptions.step_warmup``);
+- after every round the process's resident memory (``VmRSS``) is recorded (the first
+  figure before the first round, after the step-size warm-up).
 
 After the last round the engine is drained and kvtier's state is checked for leaks: jobs
 still tracked (scheduler, worker, transfer queues), requests still tracked, pins left,
@@ -102,11 +105,27 @@ def leaks(llm: Any) -> dict[str, Any]:
     return out
 
 
+def warm_step_sizes(llm: Any, max_tokens: int) -> None:
+    """One prefill of each step size 1..``max_tokens`` (one prompt that many tokens long,
+    never seen before nor again: ids from a range of its own, seeded by the size)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0)
+    for n in range(1, max_tokens + 1):
+        ids = [40_000 + (n * 7919 + i * 104_729) % 9_000 for i in range(n)]
+        llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     llm = runner.build_llm(spec)
     out: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0, "ops": []}
     soak = spec.get("soak") or {}
+    if soak.get("step_warmup"):
+        t1 = time.perf_counter()
+        warm_step_sizes(llm, int(soak["step_warmup"]))
+        out["step_warmup_seconds"] = time.perf_counter() - t1
     conn = runner._connector(llm)
     injector = None
     df = soak.get("disk_faults")
