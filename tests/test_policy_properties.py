@@ -96,8 +96,18 @@ class AlwaysTouching(SlotIndex):
 def policy_state(policy: object) -> dict[str, object]:
     """Everything a policy holds, orders included (OrderedDicts as item lists)."""
     out: dict[str, object] = {"candidates": list(policy.candidates())}  # type: ignore[attr-defined]
-    for name, value in vars(policy).items():
-        out[name] = list(value.items()) if isinstance(value, dict) else value
+    out.update(_state(policy))
+    return out
+
+
+def _state(obj: object) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, dict):
+            value = list(value.items())
+        elif hasattr(value, "__dict__"):  # a part of the policy (its category tracker)
+            value = _state(value)
+        out[name] = value
     return out
 
 

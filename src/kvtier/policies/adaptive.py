@@ -1,15 +1,21 @@
 """The default policy: chain-aware ARC that also decides whether new chunks are stored.
 
-ARC's target size ``p`` of T1 (keys used once since stored) is a learned answer to "does
-recency pay here?": ghost hits in B1 (keys T1 dropped and the traffic asked for again) grow
-it, ghost hits in B2 shrink it. When ``p`` is 0 a brand-new chunk can only displace another
-new chunk or a reused one, and the trace has shown that chunks seen once do not come back
-while a T1 of any size would hold them. This policy then stops storing brand-new chains:
-the first sighting of a chain is refused and remembered as a B1 ghost, so a second
-sighting (by another request) stores it and counts as a B1 hit, which grows ``p`` and
-reopens admission once refusals start to cost hits. A large cache, where first sightings
-come back while still held, keeps ``p`` above 0 and stores everything, as LRU does; a small
-one under one-shot traffic keeps its slots for chains that proved reusable.
+Two admission rules, both only while the tier is full, both learned from the traffic:
+
+- *By category* (:mod:`kvtier.policies.categories`): the new chunks of a kind of request
+  whose new chunks rarely come back (one-off documents behind a shared system prompt) are
+  not stored.
+- *By recency*: ARC's target size ``p`` of T1 (keys used once since stored) is a learned
+  answer to "does recency pay here?": ghost hits in B1 (keys T1 dropped and the traffic
+  asked for again) grow it, ghost hits in B2 shrink it. When ``p`` is 0 a brand-new chunk
+  can only displace another new chunk or a reused one, and the trace has shown that chunks
+  seen once do not come back while a T1 of any size would hold them. The policy then stops
+  storing brand-new chains: the first sighting of a chain is refused and remembered as a
+  B1 ghost, so a second sighting (by another request) stores it and counts as a B1 hit,
+  which grows ``p`` and reopens admission once refusals start to cost hits. A large cache,
+  where first sightings come back while still held, keeps ``p`` above 0 and stores
+  everything, as LRU does; a small one under one-shot traffic keeps its slots for chains
+  that proved reusable.
 
 Admission applies to a single-tier deployment only: with a disk tier, what the CPU tier
 stores is what reaches the disk (write-through copies, write-back demotions), so the manager
@@ -26,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvtier.keys import Key
+from kvtier.policies.categories import CategoryReuse
 from kvtier.policies.chain_arc import ChainARCPolicy
 
 _REFUSED = 1
@@ -35,19 +42,24 @@ _SEEN_AGAIN = 2
 
 
 class AdaptivePolicy(ChainARCPolicy):
-    """Chain-aware ARC plus first-sighting admission driven by ARC's ``p``."""
+    """Chain-aware ARC plus admission by learned category reuse and by ARC's ``p``."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.refused = 0
         """Chunks refused at their first sighting (inspection and tests)."""
-
-    def admission_open(self) -> bool:
-        """Whether brand-new chunks are stored: while the tier has room, or recency pays."""
-        return self.p > 0 or len(self) < self.capacity
+        self.categories = CategoryReuse(capacity)
+        self.category_refusals = 0
+        """``admit_chain`` answers cut by the category rule (inspection and tests)."""
 
     def admit_chain(self, keys: Sequence[Key]) -> int:
-        if self.admission_open():
+        if len(self) < self.capacity:
+            return len(keys)
+        worth = self.categories.worth_storing(keys)
+        if worth < len(keys):
+            self.category_refusals += 1
+            keys = keys[:worth]
+        if not keys or self.p > 0:
             return len(keys)
         b1, b2 = self.b1, self.b2
         for i, key in enumerate(keys):
@@ -74,6 +86,7 @@ class AdaptivePolicy(ChainARCPolicy):
             b1.popitem(last=False)
 
     def observe(self, keys: Sequence[Key], held: int) -> None:
+        self.categories.observe(keys, held)
         super().observe(keys, held)
         b1 = self.b1
         if not b1:
