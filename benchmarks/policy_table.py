@@ -1,12 +1,12 @@
 """Token hit ratio of kvtier's default cache policy against LRU and the Belady bound.
 
 Traces: the bundled Mooncake synthetic trace and generated conversation-like traces
-(``kvtier.sim.generate``: chat, agent, docs, skewed, chat with 60 sessions; fixed seeds),
-each replayed by ``kvtier.sim.run_sim`` at capacities from 2 % to 60 % of the trace's
-unique KV (one CPU tier). Per trace and capacity it reports the token hit ratio of
-``default`` (exactly what the connector builds by default), ``lru``, ``belady`` and the
-share of the LRU -> Belady gap the default closes, plus any ``--extra`` policies
-(default: chain-arc, arc, lru-seen2).
+(``kvtier.sim.generate``: chat, agent, docs, skewed, chat with 60 sessions; fixed seeds,
+two per shape for chat, agent and docs), each replayed by ``kvtier.sim.run_sim`` at
+capacities from 2 % to 60 % of the trace's unique KV (one CPU tier). Per trace and capacity
+it reports the token hit ratio of ``default`` (exactly what the connector builds by
+default), ``lru``, ``belady`` and the share of the LRU -> Belady gap the default closes,
+plus any ``--extra`` policies (default: chain-arc, arc, lru-seen2).
 
 Targets (issue 12): the default closes >= 40 % of the gap at the two smallest capacities and
 is never more than 0.5 points below LRU. Every miss is listed; nothing is tuned per trace.
@@ -35,6 +35,8 @@ GENERATED = (
     ("skewed", 1),
     ("chat", 2),
     ("chat:sessions=60", 1),
+    ("agent", 3),
+    ("docs", 3),
 )
 GAP_TARGET = 0.40
 BELOW_LRU_POINTS = 0.5

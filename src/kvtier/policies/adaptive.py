@@ -48,11 +48,15 @@ class AdaptivePolicy(ChainARCPolicy):
         super().__init__(capacity)
         self.refused = 0
         """Chunks refused at their first sighting (inspection and tests)."""
-        self.categories = CategoryReuse(capacity)
+        self.categories: CategoryReuse | None = None
+        """Created at the first ``admit_chain``: a tier never asked (a stack of several
+        tiers stores everything) pays neither its marks nor its pass per request."""
         self.category_refusals = 0
         """``admit_chain`` answers cut by the category rule (inspection and tests)."""
 
     def admit_chain(self, keys: Sequence[Key]) -> int:
+        if self.categories is None:
+            self.categories = CategoryReuse(self.capacity)
         if len(self) < self.capacity:
             return len(keys)
         worth = self.categories.worth_storing(keys)
@@ -86,7 +90,8 @@ class AdaptivePolicy(ChainARCPolicy):
             b1.popitem(last=False)
 
     def observe(self, keys: Sequence[Key], held: int) -> None:
-        self.categories.observe(keys, held)
+        if self.categories is not None:
+            self.categories.observe(keys, held)
         super().observe(keys, held)
         b1 = self.b1
         if not b1:
