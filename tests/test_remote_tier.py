@@ -226,12 +226,19 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
         want = min((i for i, _ in holes), default=n)
         if where == "standalone":
             client.client.config_resetstat()
-        got = client.leading(
-            space.prefix, space.mids(keys), 2 * len(keys[0]), space.suffixes(world)
-        )
-        assert got == want
+        args = space.prefix, space.mids(keys), 2 * len(keys[0]), space.suffixes(world)
+        assert client.leading(*args) == want
         if where == "standalone" and not holes:
             assert "cmdstat_evalsha" not in client.client.info("commandstats")
+        # Again with the script known (a cluster sends it to every node at once), and once
+        # more after the nodes forgot it (the concurrent send fails and falls back).
+        assert client.leading(*args) == want
+        if where == "cluster":
+            client.client.execute_command("SCRIPT", "FLUSH", target_nodes=client.client.PRIMARIES)
+            assert client.leading(*args) == want
+            # ... reloading the script, not giving it up as a deployment with scripting
+            # disabled makes it do (pipelined EXISTS from then on).
+            assert client._script_ok
     finally:
         client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved
         client.close()

@@ -18,11 +18,13 @@ opaque bytes.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import hiredis
@@ -73,6 +75,9 @@ PROBE_SCRIPT = (
     "return n\n"
 )
 
+
+CLUSTER_SLOTS = 16384
+"""Hash slots of a Redis Cluster (a key's slot is CRC16 of its hash tag modulo this)."""
 
 COUNT_WINDOW = 1024
 """Names per counting EXISTS of a probe. A probe sends its windows pipelined, so the
@@ -312,21 +317,68 @@ class RemoteClient:
         # Group chunks by owning node (every rank of a chunk shares its hash tag), keeping
         # each group in chain order; the chain's leading run ends at any node's first miss.
         c = self.client
+        parts = _split(mids, width)
+        # The hash tag of every name is its chunk's hex key (KeySpace), so a chunk's slot is
+        # the cluster's CRC16 of it: one C call per chunk, where the library's keyslot and
+        # node lookup per name took ~10 us each (~40 ms of a 4,096-chunk probe).
+        slots = [crc % CLUSTER_SLOTS for crc in map(binascii.crc_hqx, parts, repeat(0))]
+        owners = c.nodes_manager.slots_cache
         groups: dict[str, tuple[Any, list[int], list[bytes]]] = {}
-        for i, m in enumerate(_split(mids, width)):
-            node = c.nodes_manager.get_node_from_slot(c.keyslot(prefix + m + suffixes[0]))
-            g = groups.setdefault(node.name, (node, [], []))
+        node_of: dict[int, Any] = {}
+        for i, (slot, m) in enumerate(zip(slots, parts, strict=True)):
+            node = node_of.get(slot)
+            if node is None:
+                held = owners.get(slot)
+                # A slot the cached map lacks: the library's lookup refreshes or raises.
+                node = held[0] if held else c.nodes_manager.get_node_from_slot(slot)
+                node_of[slot] = node
+            g = groups.get(node.name)
+            if g is None:
+                g = groups[node.name] = (node, [], [])
             g[1].append(i)
             g[2].append(m)
         end = len(mids) // width
-        for node, positions, group in groups.values():
-            if positions[0] >= end:
-                continue
-            take = sum(1 for p in positions if p < end)
-            n = self._eval(prefix, b"".join(group[:take]), width, suffixes, node)
-            if n < take:
-                end = positions[n]
+        jobs = [(node, b"".join(group)) for node, _, group in groups.values()]
+        for (_, positions, _), n in zip(
+            groups.values(), self._eval_on_nodes(prefix, jobs, width, suffixes), strict=True
+        ):
+            if n < len(positions):
+                end = min(end, positions[n])
         return end
+
+    def _eval_on_nodes(
+        self,
+        prefix: bytes,
+        jobs: Sequence[tuple[Any, bytes]],
+        width: int,
+        suffixes: Sequence[bytes],
+    ) -> list[int]:
+        """Each ``(node, mids)`` job's probe (a cluster's: one chunk per EXISTS), sent to
+        every node before any reply is read, so the nodes count at once (one after
+        another, three nodes took ~15 ms of a 4,096-chunk probe). When a node answers with
+        an error (a slot moved, a node without the script) every job goes again through the
+        library one by one, which follows redirects and loads the script; a connection
+        error or timeout is raised as it is (the caller's guard makes it a miss)."""
+        if self._script_sha is None or len(jobs) < 2:
+            return [self._eval(prefix, m, width, suffixes, node) for node, m in jobs]
+        c = self.client
+        held: list[tuple[Any, Any]] = []
+        try:
+            for node, m in jobs:
+                pool = c.get_redis_connection(node).connection_pool
+                conn = pool.get_connection()
+                held.append((pool, conn))
+                conn.send_command("EVALSHA", self._script_sha, 0, prefix, m, width, 1, *suffixes)
+            return [int(conn.read_response()) for _, conn in held]
+        except BaseException as e:
+            for _, conn in held:
+                conn.disconnect()  # replies may be left unread
+            if not isinstance(e, redis.exceptions.ResponseError):
+                raise
+        finally:
+            for pool, conn in held:
+                pool.release(conn)
+        return [self._eval(prefix, m, width, suffixes, node) for node, m in jobs]
 
     # -- admin ---------------------------------------------------------------------------
 
