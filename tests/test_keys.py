@@ -5,7 +5,10 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtier.keys import KeyChain, Namespace, chunk_keys
+import numpy as np
+import xxhash
+
+from kvtier.keys import GROUP_CHUNKS, TAG_BYTES, KeyChain, Namespace, chunk_keys
 
 SEED = Namespace("smollm2", "abc").seed()
 
@@ -56,3 +59,39 @@ def test_deterministic_across_processes():
     assert (
         outs.pop() == chunk_keys(list(range(200)), 32, Namespace("m", "g").seed("salt"))[-1].hex()
     )
+
+
+def reference_keys(tokens: list[int], chunk: int, seed: bytes) -> list[bytes]:
+    """The definition, chunk by chunk: the chained xxh3-128, its first TAG_BYTES replaced
+    by those of the group's first chunk."""
+    keys: list[bytes] = []
+    prev = seed
+    for i in range(len(tokens) // chunk):
+        body = np.asarray(tokens[i * chunk : (i + 1) * chunk], dtype="<i8").tobytes()
+        h = xxhash.xxh3_128_digest(prev + body)
+        head = keys[i - i % GROUP_CHUNKS] if i % GROUP_CHUNKS else h
+        keys.append(head[:TAG_BYTES] + h[TAG_BYTES:])
+        prev = keys[-1]
+    return keys
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), max_size=400), st.integers(1, 8), st.data())
+def test_keys_carry_their_group_tag(tokens, chunk, data):
+    """Every chunk of a group of GROUP_CHUNKS starts with its group's tag; the keys equal
+    the definition computed chunk by chunk, however the tokens arrive."""
+    chain = KeyChain(SEED, chunk)
+    cut = 0
+    while cut < len(tokens):
+        cut = data.draw(st.integers(cut + 1, len(tokens)))
+        chain.update(tokens[:cut])
+    keys = chain.keys
+    assert keys == reference_keys(tokens, chunk, SEED)
+    for i, k in enumerate(keys):
+        assert k[:TAG_BYTES] == keys[i - i % GROUP_CHUNKS][:TAG_BYTES]
+
+
+def test_groups_of_a_chain_have_their_own_tags():
+    keys = chunk_keys(list(range(64 * GROUP_CHUNKS)), 1, SEED)
+    tags = {k[:TAG_BYTES] for k in keys}
+    assert len(tags) == 64
+    assert len(set(keys)) == len(keys)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
-from kvtier.keys import rank_key
+from kvtier.keys import GROUP_CHUNKS, rank_key
 from kvtier.stack.spec import TierSpec
 from kvtier.testing.redis_server import RedisCluster, RedisServer
 from kvtier.testing.shared_conformance import (
@@ -226,7 +226,7 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
         want = min((i for i, _ in holes), default=n)
         if where == "standalone":
             client.client.config_resetstat()
-        args = space.prefix, space.mids(keys), 2 * len(keys[0]), space.suffixes(world)
+        args = space.prefix, space.mids(keys), space.width, space.suffixes(world)
         assert client.leading(*args) == want
         if where == "standalone" and not holes:
             assert "cmdstat_evalsha" not in client.client.info("commandstats")
@@ -242,6 +242,39 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
     finally:
         client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved
         client.close()
+
+
+def test_cluster_probe_counts_a_group_per_exists(cluster):  # noqa: F811
+    """In a cluster each group of GROUP_CHUNKS chunks (every rank) lives in one slot, a
+    chain's groups spread over the nodes, and a probe of a chain present whole costs one
+    EXISTS per group (the per-chunk Lua probe it replaced ran one per chunk)."""
+    flush(cluster.url)
+    space = KeySpace(NAMESPACE)
+    client = RemoteClient(parse_remote_url(cluster.url), timeout_s=5)
+    raw = raw_client(cluster.url)
+    try:
+        keys = chain(40 * GROUP_CHUNKS + 5, salt=77)
+        names = [space.name(k, r) for k in keys for r in (0, 1)]
+        for lo in range(0, len(names), 512):
+            assert all(client.set_many([(nm, b"x") for nm in names[lo : lo + 512]]))
+        slots = [{raw.keyslot(space.name(k, r)) for r in (0, 1)} for k in keys]
+        for g in range(0, len(keys), GROUP_CHUNKS):
+            assert len(set.union(*slots[g : g + GROUP_CHUNKS])) == 1
+        nodes = {raw.nodes_manager.get_node_from_slot(next(iter(s))).name for s in slots}
+        assert len(nodes) == 3
+        raw.config_resetstat(target_nodes=raw.PRIMARIES)
+        args = space.prefix, space.mids(keys), space.width, space.suffixes(2)
+        assert client.leading(*args) == len(keys)
+        stats = raw.info("commandstats", target_nodes=raw.PRIMARIES)
+        calls = sum(s.get("cmdstat_exists", {}).get("calls", 0) for s in stats.values())
+        assert calls == 41
+        # A probe starting inside a group (a lookup past a local hit) still finds the end.
+        tail = keys[GROUP_CHUNKS // 2 :]
+        got = client.leading(space.prefix, space.mids(tail), space.width, space.suffixes(2))
+        assert got == len(tail)
+    finally:
+        client.close()
+        raw.close()
 
 
 @pytest.mark.parametrize("hole", [None, 5, 230, 650])
@@ -260,7 +293,7 @@ def test_probe_goes_on_past_its_first_pipelined_group(server, hole):  # noqa: F8
         ]
         for lo in range(0, len(names), 512):
             assert all(client.set_many([(nm, b"x") for nm in names[lo : lo + 512]]))
-        got = client.leading(space.prefix, space.mids(keys), 2 * len(keys[0]), space.suffixes(2))
+        got = client.leading(space.prefix, space.mids(keys), space.width, space.suffixes(2))
         assert got == (700 if hole is None else hole)
     finally:
         client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved

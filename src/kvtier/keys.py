@@ -1,11 +1,19 @@
 """Chunk keys: a deterministic chained hash of token ids, seeded by a namespace.
 
-Key of chunk i = xxh3-128(key of chunk i-1 || token ids of chunk i as little-endian int64),
-and the key "before" chunk 0 is the request's seed: a digest of the namespace (model
-identity, KV geometry and dtype, parallel layout, the deployment's namespace text) plus the
-request's cache salt and LoRA. Keys depend on nothing else: not on ``PYTHONHASHSEED``, not on
-vLLM's per-process hash seed, not on the process, host or restart. Equal keys therefore mean
-equal token prefixes under the same model, geometry and salt.
+Let h(i) = xxh3-128(key of chunk i-1 || token ids of chunk i as little-endian int64), the key
+"before" chunk 0 being the request's seed: a digest of the namespace (model identity, KV
+geometry and dtype, parallel layout, the deployment's namespace text) plus the request's
+cache salt and LoRA. The key of chunk i is h(i), except that its first TAG_BYTES are the
+*group tag*: those of h(g), g the first chunk of i's group of GROUP_CHUNKS (g = i - i mod
+GROUP_CHUNKS). Keys depend on nothing else: not on ``PYTHONHASHSEED``, not on vLLM's
+per-process hash seed, not on the process, host or restart. Equal keys therefore mean equal
+token prefixes under the same model, geometry and salt (the last 12 bytes alone are a 96-bit
+chained hash).
+
+The tag lets a shared store place a chain's neighbours together from the key alone: a Redis
+Cluster hashes a chunk's name by its tag, so each group of GROUP_CHUNKS chunks lives in one
+slot and a lookup counts a group with one multi-key EXISTS, while a chain's groups spread
+over every node.
 """
 
 from __future__ import annotations
@@ -22,6 +30,12 @@ Key = bytes
 """A chunk key: 16 bytes."""
 
 KEY_BYTES = 16
+
+GROUP_CHUNKS = 16
+"""Consecutive chunks of a chain that share a group tag (512 tokens of 32-token chunks)."""
+
+TAG_BYTES = 4
+"""Leading bytes of a key that are its group's tag."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,7 @@ class Namespace:
     def chain_digest(self) -> bytes:
         """16 bytes identifying what every rank shares: the seed of every chain."""
         text = "\x1f".join(
-            ("kvtier-ns-v1", self.model, self.layout_digest, self.parallel, self.extra)
+            ("kvtier-ns-v2", self.model, self.layout_digest, self.parallel, self.extra)
         )
         return hashlib.blake2b(text.encode(), digest_size=KEY_BYTES).digest()
 
@@ -114,10 +128,15 @@ class KeyChain:
             return 0
         data = np.asarray(tokens[start : start + n_new * c], dtype="<i8").tobytes()
         step = c * 8
-        prev = self.keys[-1] if self.keys else self.seed
-        h = xxhash.xxh3_128_digest
         out = self.keys
-        for off in range(0, n_new * step, step):
+        prev = out[-1] if out else self.seed
+        tag = prev[:TAG_BYTES]
+        h, g, t = xxhash.xxh3_128_digest, GROUP_CHUNKS, TAG_BYTES
+        for pos, off in enumerate(range(0, n_new * step, step), len(out)):
             prev = h(prev + data[off : off + step])
+            if pos % g:
+                prev = tag + prev[t:]
+            else:
+                tag = prev[:t]
             out.append(prev)
         return n_new

@@ -1,7 +1,7 @@
 """The remote store's client: pipelined batches over the ``redis`` library (with ``hiredis``).
 
 Every command is packed by the library (redis-py's packers, or hiredis's for the probe's
-one large EXISTS) and carried by its pools and parsers: kvtier writes no protocol bytes.
+multi-key EXISTS) and carried by its pools and parsers: kvtier writes no protocol bytes.
 The stores' SETs go through connections configured with the library's pure-Python packer,
 which hands a large value to the socket as it is, where the default (hiredis) packer
 copies it into one request buffer.
@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from itertools import repeat
 from typing import Any
 
 import hiredis
@@ -35,6 +34,7 @@ from redis.connection import PythonRespSerializer
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from kvtier.tiers.remote.keyspace import TAG_CHARS
 from kvtier.tiers.remote.url import RemoteTarget
 
 log = logging.getLogger("kvtier")
@@ -43,8 +43,9 @@ log = logging.getLogger("kvtier")
 # middles concatenated (each ``width`` bytes), ``width``, chunks per EXISTS, then one name
 # suffix per rank.
 # One argument for all chunks keeps a 4,096-chunk probe cheap to send and to parse. Names
-# are built here, so the script may touch keys of several slots: in a cluster it is sent to
-# the node owning every chunk passed (allow-cross-slot-keys, Redis >= 7.0). Each name is
+# are built here, undeclared: in a cluster it is sent to the node owning the one group of
+# chunks passed (one slot; the flag keeps Redis >= 7.0 from refusing undeclared keys'
+# slot checks across a node's groups should a caller pass several). Each name is
 # one concatenation of three strings (Lua 5.1 interns every string it makes: building a name
 # in two steps cost a quarter of a 4,096-chunk probe).
 PROBE_SCRIPT = (
@@ -228,9 +229,9 @@ class RemoteClient:
         absent tail (the usual partial hit) costs one or two round trips; the Lua loop,
         which builds every name on the server, takes ~3.4 ms for 4,096 chunks.
         The names are built as rows of an array; hiredis packs the command, redis-py's
-        pool and parser carry it (no protocol bytes are made here). A cluster goes to the
-        Lua probe per node (a multi-key EXISTS must stay within one slot there);
-        pipelined EXISTS where scripting is refused."""
+        pool and parser carry it (no protocol bytes are made here). A cluster counts each
+        group of chunks (one slot: :meth:`_leading_cluster`); pipelined EXISTS of every
+        name where scripting is refused."""
         if not mids:
             return 0
         if self._script_ok:
@@ -248,7 +249,7 @@ class RemoteClient:
 
     def _leading(self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> int:
         if self.target.cluster:
-            return self._leading_script(prefix, mids, width, suffixes)
+            return self._leading_cluster(prefix, mids, width, suffixes)
         n, ranks = len(mids) // width, len(suffixes)
         step = max(1, COUNT_WINDOW // ranks)
         group = step * COUNT_DEPTH
@@ -295,10 +296,8 @@ class RemoteClient:
         suffixes: Sequence[bytes],
         node: Any = None,
     ) -> int:
-        # A multi-key EXISTS must stay in one slot in a cluster: one chunk (its ranks share
-        # the hash tag) per EXISTS there, 256 chunks per EXISTS on a standalone server.
-        batch = 1 if self.target.cluster else 256
-        args: list[Any] = [0, prefix, mids, width, batch, *suffixes]
+        # 256 chunks per EXISTS: in a cluster the chunks passed are one group's (one slot).
+        args: list[Any] = [0, prefix, mids, width, 256, *suffixes]
         kw = {} if node is None else {"target_nodes": node}
         if self._script_sha is None:
             sha = self.client.execute_command("SCRIPT", "LOAD", PROBE_SCRIPT, **kw)
@@ -309,76 +308,67 @@ class RemoteClient:
             self._script_sha = None
             return int(self.client.execute_command("EVAL", PROBE_SCRIPT, *args, **kw))
 
-    def _leading_script(
+    def _leading_cluster(
         self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]
     ) -> int:
-        if not self.target.cluster:
-            return self._eval(prefix, mids, width, suffixes)
-        # Group chunks by owning node (every rank of a chunk shares its hash tag), keeping
-        # each group in chain order; the chain's leading run ends at any node's first miss.
-        c = self.client
-        parts = _split(mids, width)
-        # The hash tag of every name is its chunk's hex key (KeySpace), so a chunk's slot is
-        # the cluster's CRC16 of it: one C call per chunk, where the library's keyslot and
-        # node lookup per name took ~10 us each (~40 ms of a 4,096-chunk probe).
-        slots = [crc % CLUSTER_SLOTS for crc in map(binascii.crc_hqx, parts, repeat(0))]
+        """A cluster's probe. Consecutive chunks sharing a group tag (KeySpace) are one
+        slot's, so each such run is counted by one multi-key EXISTS; every node gets its
+        runs pipelined on one connection, all nodes before any reply is read. The first run
+        (in chain order) that is not present whole is searched by the Lua probe on its
+        node. A node answering with an error (a slot that moved, a cluster still forming)
+        sends the whole chain through the library's pipelined EXISTS, which follows
+        redirects and refreshes the slot map; a connection error or timeout is raised as
+        it is (the caller's guard makes it a miss)."""
+        c, n, ranks = self.client, len(mids) // width, len(suffixes)
+        # Runs start where a chunk's tag differs from the one before it (one numpy pass).
+        tag = np.frombuffer(mids, dtype=np.uint8).reshape(n, width)[:, :TAG_CHARS]
+        heads = [0, *(np.flatnonzero((tag[1:] != tag[:-1]).any(axis=1)) + 1).tolist()]
+        runs = list(zip(heads, [*heads[1:], n], strict=True))
+        # Every name once, suffix by suffix: a run's names are slices of it.
+        every = _names(prefix, mids, width, suffixes)
         owners = c.nodes_manager.slots_cache
-        groups: dict[str, tuple[Any, list[int], list[bytes]]] = {}
-        node_of: dict[int, Any] = {}
-        for i, (slot, m) in enumerate(zip(slots, parts, strict=True)):
-            node = node_of.get(slot)
-            if node is None:
-                held = owners.get(slot)
-                # A slot the cached map lacks: the library's lookup refreshes or raises.
-                node = held[0] if held else c.nodes_manager.get_node_from_slot(slot)
-                node_of[slot] = node
-            g = groups.get(node.name)
-            if g is None:
-                g = groups[node.name] = (node, [], [])
-            g[1].append(i)
-            g[2].append(m)
-        end = len(mids) // width
-        jobs = [(node, b"".join(group)) for node, _, group in groups.values()]
-        for (_, positions, _), n in zip(
-            groups.values(), self._eval_on_nodes(prefix, jobs, width, suffixes), strict=True
-        ):
-            if n < len(positions):
-                end = min(end, positions[n])
-        return end
-
-    def _eval_on_nodes(
-        self,
-        prefix: bytes,
-        jobs: Sequence[tuple[Any, bytes]],
-        width: int,
-        suffixes: Sequence[bytes],
-    ) -> list[int]:
-        """Each ``(node, mids)`` job's probe (a cluster's: one chunk per EXISTS), sent to
-        every node before any reply is read, so the nodes count at once (one after
-        another, three nodes took ~15 ms of a 4,096-chunk probe). When a node answers with
-        an error (a slot moved, a node without the script) every job goes again through the
-        library one by one, which follows redirects and loads the script; a connection
-        error or timeout is raised as it is (the caller's guard makes it a miss)."""
-        if self._script_sha is None or len(jobs) < 2:
-            return [self._eval(prefix, m, width, suffixes, node) for node, m in jobs]
-        c = self.client
-        held: list[tuple[Any, Any]] = []
+        per_node: dict[str, tuple[Any, list[int]]] = {}
+        nodes: list[Any] = []
+        for r, (lo, _) in enumerate(runs):
+            slot = binascii.crc_hqx(mids[lo * width : lo * width + TAG_CHARS], 0) % CLUSTER_SLOTS
+            held = owners.get(slot)
+            # A slot the cached map lacks: the library's lookup refreshes or raises.
+            node = held[0] if held else c.nodes_manager.get_node_from_slot(slot)
+            nodes.append(node)
+            per_node.setdefault(node.name, (node, []))[1].append(r)
+        counts = [0] * len(runs)
+        held_conns: list[tuple[Any, Any, list[int]]] = []
         try:
-            for node, m in jobs:
+            for node, mine in per_node.values():
                 pool = c.get_redis_connection(node).connection_pool
                 conn = pool.get_connection()
-                held.append((pool, conn))
-                conn.send_command("EVALSHA", self._script_sha, 0, prefix, m, width, 1, *suffixes)
-            return [int(conn.read_response()) for _, conn in held]
+                held_conns.append((pool, conn, mine))
+                packed = []
+                for r in mine:
+                    lo, hi = runs[r]
+                    names = [nm for q in range(0, n * ranks, n) for nm in every[q + lo : q + hi]]
+                    packed.append(hiredis.pack_command((b"EXISTS", *names)))  # type: ignore[arg-type]  # stub: 1-tuple
+                conn.send_packed_command(packed)
+            for _, conn, mine in held_conns:
+                for r in mine:
+                    counts[r] = int(conn.read_response())
         except BaseException as e:
-            for _, conn in held:
+            for _, conn, _ in held_conns:
                 conn.disconnect()  # replies may be left unread
             if not isinstance(e, redis.exceptions.ResponseError):
                 raise
+            present = self.exists_many(every)
+            missing = [i % n for i, p in enumerate(present) if not p]
+            return min(missing, default=n)
         finally:
-            for pool, conn in held:
+            for pool, conn, _ in held_conns:
                 pool.release(conn)
-        return [self._eval(prefix, m, width, suffixes, node) for node, m in jobs]
+        for r, (lo, hi) in enumerate(runs):
+            if counts[r] < (hi - lo) * ranks:
+                return lo + self._eval(
+                    prefix, mids[lo * width : hi * width], width, suffixes, nodes[r]
+                )
+        return n
 
     # -- admin ---------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ class RemoteIndex(KeyAddressedIndex):
             try:
                 ks = self.keyspace
                 tail = keys[start:]
-                mids, width = ks.mids(tail), 2 * len(tail[0])
+                mids, width = ks.mids(tail), ks.width
                 ask.answer = start + self.client.leading(
                     ks.prefix, mids, width, ks.suffixes(self.world)
                 )
