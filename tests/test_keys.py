@@ -2,11 +2,10 @@ import os
 import subprocess
 import sys
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 import numpy as np
 import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtier.keys import GROUP_CHUNKS, TAG_BYTES, KeyChain, Namespace, chunk_keys
 
