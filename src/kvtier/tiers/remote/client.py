@@ -322,7 +322,7 @@ class RemoteClient:
         c, n, ranks = self.client, len(mids) // width, len(suffixes)
         # Runs start where a chunk's tag differs from the one before it (one numpy pass).
         tag = np.frombuffer(mids, dtype=np.uint8).reshape(n, width)[:, :TAG_CHARS]
-        heads = [0, *(np.flatnonzero((tag[1:] != tag[:-1]).any(axis=1)) + 1).tolist()]
+        heads: list[int] = [0, *(np.flatnonzero((tag[1:] != tag[:-1]).any(axis=1)) + 1).tolist()]
         runs = list(zip(heads, [*heads[1:], n], strict=True))
         # Every name once, suffix by suffix: a run's names are slices of it.
         every = _names(prefix, mids, width, suffixes)
