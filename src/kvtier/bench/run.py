@@ -59,7 +59,11 @@ class BenchOptions:
     device_blocks: int = 64
     """The engine's own KV cache in blocks of 32 tokens: small on purpose, so its prefix
     cache cannot hold the workload and offloading has something to do."""
-    dtype: str = "auto"
+    dtype: str = "float32"
+    """The engines' dtype. fp32 by default: in bf16, vLLM-CPU's greedy outputs change with
+    the batch a request runs in (measured on an AVX-512 BF16 machine: 4 of 12 requests per
+    workload differ between 4 and 1 requests at a time, no kvtier involved), so the
+    token-identity column would not isolate kvtier."""
     max_tokens: int = 24
     doc_tokens: int = 600
     trace: str | None = None
