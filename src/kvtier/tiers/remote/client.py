@@ -43,9 +43,9 @@ log = logging.getLogger("kvtier")
 # middles concatenated (each ``width`` bytes), ``width``, chunks per EXISTS, then one name
 # suffix per rank.
 # One argument for all chunks keeps a 4,096-chunk probe cheap to send and to parse. Names
-# are built here, undeclared: in a cluster it is sent to the node owning the one group of
-# chunks passed (one slot; the flag keeps Redis >= 7.0 from refusing undeclared keys'
-# slot checks across a node's groups should a caller pass several). Each name is
+# are built here, so the keys are undeclared (allow-cross-slot-keys, Redis >= 7.0, lets the
+# script touch them); in a cluster it gets one group's chunks (one slot) and goes to the
+# node owning it. Each name is
 # one concatenation of three strings (Lua 5.1 interns every string it makes: building a name
 # in two steps cost a quarter of a 4,096-chunk probe).
 PROBE_SCRIPT = (
