@@ -239,6 +239,9 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
             # ... reloading the script, not giving it up as a deployment with scripting
             # disabled makes it do (pipelined EXISTS from then on).
             assert client._script_ok
+        # Where scripting is refused: every name's EXISTS, pipelined through the library.
+        client._script_ok = False
+        assert client.leading(*args) == want
     finally:
         client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved
         client.close()

@@ -242,10 +242,14 @@ class RemoteClient:
                     raise
                 self._script_ok = False  # e.g. scripting disabled on a managed deployment
                 self._down_until = 0.0
-        names = [prefix + m + s for m in _split(mids, width) for s in suffixes]
+        return self._leading_by_exists(_names(prefix, mids, width, suffixes), len(mids) // width)
+
+    def _leading_by_exists(self, names: Sequence[bytes], n: int) -> int:
+        """The probe without scripts or slot grouping: ``names`` (every rank's, suffix by
+        suffix, as :func:`_names` lists them) in one pipelined EXISTS each, through the
+        library (which follows a cluster's redirects); the first chunk any rank lacks."""
         present = self.exists_many(names)
-        first = present.index(False) if False in present else len(names)
-        return first // len(suffixes)
+        return min((i % n for i, p in enumerate(present) if not p), default=n)
 
     def _leading(self, prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> int:
         if self.target.cluster:
@@ -357,9 +361,7 @@ class RemoteClient:
                 conn.disconnect()  # replies may be left unread
             if not isinstance(e, redis.exceptions.ResponseError):
                 raise
-            present = self.exists_many(every)
-            missing = [i % n for i, p in enumerate(present) if not p]
-            return min(missing, default=n)
+            return self._leading_by_exists(every, n)
         finally:
             for pool, conn, _ in held_conns:
                 pool.release(conn)
@@ -380,10 +382,6 @@ class RemoteClient:
             if c is not None:
                 with contextlib.suppress(Exception):  # already gone: nothing to release
                     c.close()
-
-
-def _split(joined: bytes, width: int) -> list[bytes]:
-    return [joined[i : i + width] for i in range(0, len(joined), width)]
 
 
 def _names(prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> list[bytes]:
