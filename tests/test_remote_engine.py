@@ -94,7 +94,7 @@ def serve(
 
 def before_first(e: MiniEngine, method: str, fault: Callable[[], None]) -> None:
     """Inject ``fault`` (on the real server) right before the remote store's first
-    ``method`` batch: the middle of a load (get_many) or of a store (set_many)."""
+    ``method`` batch: the middle of a load (get_many) or of a store (set_sealed)."""
     client = e.stores["redis"].client  # type: ignore[attr-defined]
     real = getattr(client, method)
     fired = []
@@ -132,7 +132,7 @@ def test_server_faults_recompute_and_keep_serving(fault):
         prompts = workload(2)
         setup_a = None
         if fault == "kill-mid-store":
-            setup_a = lambda e: before_first(e, "set_many", s.kill)  # noqa: E731
+            setup_a = lambda e: before_first(e, "set_sealed", s.kill)  # noqa: E731
         a = serve(s.url, prompts, "a", setup=setup_a)
         store_a = a.stores["redis"]
         a.close()

@@ -32,6 +32,7 @@ from kvtier.testing.split_conformance import _segs as split_segs
 from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote import client as client_module
+from kvtier.tiers.remote import store as store_module
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
 from redis_fixtures import cluster, flush, harness, raw_client, server  # noqa: F401  (fixtures)
@@ -333,7 +334,7 @@ def test_stores_set_their_ttl_and_a_refused_set_fails_only_its_chunk(server):  #
 
 
 def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  # noqa: F811
-    """Values are sealed into a per-thread staging buffer reused across batches: bytes a
+    """Values are sealed into a per-thread staging buffer reused across groups and batches: bytes a
     chunk's segments leave uncovered read back as zeros even after that buffer held other
     chunks, and a write split into several round trips keeps every chunk's own bytes."""
     flush(server.url)
@@ -363,9 +364,38 @@ def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  
         store.close()
 
 
+@pytest.mark.parametrize("where", ["standalone", "cluster"])
+def test_groups_sealed_into_one_buffer_are_each_sent_before_the_next(
+    server,  # noqa: F811
+    cluster,  # noqa: F811
+    where,
+    monkeypatch,
+):
+    """A batch's values are sealed a group at a time into one reused buffer: two values a
+    group here, so a 7-chunk write reuses it four times (and a cluster spreads the chunks
+    over nodes); every chunk must read back as its own bytes, never a later group's."""
+    url = server.url if where == "standalone" else cluster.url
+    flush(url)
+    monkeypatch.setattr(store_module, "GROUP_BYTES", 2 * (CHUNK_BYTES + HEADER_BYTES))
+    space = KeySpace(NAMESPACE)
+    store = RemoteStore(
+        RemoteClient(parse_remote_url(url), timeout_s=5), space, CHUNK_BYTES, NAMESPACE.digest()
+    )
+    try:
+        keys = chain(7 * GROUP_CHUNKS, salt=51)[::GROUP_CHUNKS]  # seven groups: seven slots
+        data = payload(7, 12)
+        assert store.write([-1] * 7, keys, segs(data)) == [True] * 7
+        assert store._staging(0).numel() == 2 * (CHUNK_BYTES + HEADER_BYTES)
+        out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
+        assert store.read([-1] * 7, keys, segs(out)) == [True] * 7
+        assert torch.equal(out, data)
+    finally:
+        store.close()
+
+
 def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa: F811
-    """Writes and reads go as two-stage pipelines over batches (the next batch sealed or
-    fetched on another thread): a batch whose round trip fails fails its own chunks only,
+    """Writes go batch by batch and reads as a two-stage pipeline over batches (the next
+    batch fetched on another thread): a batch whose round trip fails fails its own chunks only,
     the batches around it keep their results, and nothing is left in flight."""
     flush(server.url)
     space = KeySpace(NAMESPACE)
@@ -373,7 +403,7 @@ def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa:
     store = RemoteStore(
         client, space, CHUNK_BYTES, NAMESPACE.digest(), batch_bytes=2 * (CHUNK_BYTES + HEADER_BYTES)
     )
-    calls = {"set_many": 0, "get_many": 0}
+    calls = {"set_sealed": 0, "get_many": 0}
 
     def fail_nth(name, n):
         real = getattr(client, name)
@@ -388,10 +418,10 @@ def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa:
 
     try:
         keys, data = chain(7, salt=41), payload(7, 10)
-        fail_nth("set_many", 2)
+        fail_nth("set_sealed", 2)
         got = store.write([-1] * 7, keys, segs(data))
         assert got == [True, True, False, False, True, True, True], got
-        assert calls["set_many"] == 4
+        assert calls["set_sealed"] == 4
         fail_nth("get_many", 3)
         out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
         got = store.read([-1] * 7, keys, segs(out))

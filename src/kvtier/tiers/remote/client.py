@@ -35,6 +35,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvtier.tiers.remote.keyspace import TAG_CHARS
+from kvtier.tiers.remote.sets import Fill, set_sealed
 from kvtier.tiers.remote.url import RemoteTarget
 
 log = logging.getLogger("kvtier")
@@ -210,6 +211,18 @@ class RemoteClient:
             return list(p.execute(raise_on_error=False))
 
         return [v is True for v in self._guard(run)]
+
+    def set_sealed(
+        self, names: Sequence[bytes], fill: Fill, per: int, ttl_s: int = 0
+    ) -> list[bool]:
+        """SET every name, each group of ``per`` values sent as soon as ``fill`` produced it
+        (:func:`kvtier.tiers.remote.sets.set_sealed`: per-item success, one connection per
+        node, the values' buffer reusable between groups)."""
+        return self._guard(  # type: ignore[no-any-return]
+            lambda: set_sealed(
+                self._values, None if self._values else self.client, names, fill, per, ttl_s
+            )
+        )
 
     def delete(self, keys: Sequence[bytes]) -> None:
         self._guard(lambda: [self.client.delete(k) for k in keys])

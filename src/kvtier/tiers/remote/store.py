@@ -2,11 +2,11 @@
 
 Writes seal every chunk (:mod:`kvtier.tiers.envelope`: key, parent, namespace, length,
 payload checksum) into a single value, so no metadata can be evicted apart from its data,
-and skip keys already present (another engine stored them): one pipelined EXISTS, then one
-pipelined SET of the rest. Reads are one pipelined GET; a value that is missing, truncated,
-stored under another key or namespace, or fails its checksum fails that chunk, and so does
-a timeout or a dead server (the engine recomputes). Values are opaque bytes: nothing read is
-unpickled or evaluated.
+and skip keys already present (another engine stored them): one pipelined EXISTS per batch,
+then SETs of the rest, sent a group at a time as they are sealed. Reads are one pipelined
+GET; a value that is missing, truncated, stored under another key or namespace, or fails
+its checksum fails that chunk, and so does a timeout or a dead server (the engine
+recomputes). Values are opaque bytes: nothing read is unpickled or evaluated.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, NamedTuple, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, payload_checksum, unseal
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
+from kvtier.tiers.remote.sets import GROUP_BYTES
 
 log = logging.getLogger("kvtier")
 
@@ -69,21 +70,16 @@ class RemoteStore(SlotStore):
         """Chunks not written because the store already had them."""
         self.failed_writes = 0
         self._local = threading.local()
-        # One thread each way, so a load never queues behind a store's sends.
-        self._sender = ThreadPoolExecutor(1, thread_name_prefix="kvtier-remote-send")
+        # Loads fetch the next batch on their own thread while checking this one.
         self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="kvtier-remote-fetch")
 
-    def _staging(self, which: int, values: int) -> torch.Tensor:
-        """This thread's staging buffer ``which`` (0 or 1: a batch is sealed into one while
-        the batch before it is sent from the other) for ``values`` sealed values; grown on
-        demand, then reused (fresh memory costs a page fault per 4 KiB, more than the copy
-        into it)."""
+    def _staging(self, values: int) -> torch.Tensor:
+        """This thread's staging buffer for ``values`` sealed values; grown on demand, then
+        reused (fresh memory costs a page fault per 4 KiB, more than the copy into it)."""
         need = values * (HEADER_BYTES + self.slot_bytes)
-        bufs: list[torch.Tensor | None] = getattr(self._local, "bufs", None) or [None, None]
-        self._local.bufs = bufs
-        buf = bufs[which]
+        buf: torch.Tensor | None = getattr(self._local, "buf", None)
         if buf is None or buf.numel() < need:
-            buf = bufs[which] = torch.empty(need, dtype=torch.uint8)
+            buf = self._local.buf = torch.empty(need, dtype=torch.uint8)
         return buf
 
     def _seal(self, key: Key, parent: Key | None, chunk: Segments, out: torch.Tensor) -> None:
@@ -118,69 +114,43 @@ class RemoteStore(SlotStore):
         src: Sequence[Segments],
         parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
-        """Batches go as a two-stage pipeline: batch n is checked and sealed on the calling
-        thread while batch n - 1's SETs are sent from the sender thread."""
+        """One round trip per batch: a pipelined EXISTS skips the keys present, then the
+        rest are sealed a group (~1 MiB) at a time into one reused buffer, each group sent
+        as soon as it is sealed (:mod:`kvtier.tiers.remote.sets`), and the replies read."""
         ok: list[bool] = []
-        spans = self._spans(len(keys))
-        batches: list[_Batch] = []
-        try:
-            for n, (lo, hi) in enumerate(spans):
-                part = parents[lo:hi] if parents else None
-                batches.append(self._seal_batch(keys[lo:hi], src[lo:hi], part, n % 2, len(spans)))
-                if n:
-                    ok += self._sent(batches[n - 1])
-            if batches:
-                ok += self._sent(batches[-1])
-        finally:
-            # Never return (nor raise) while a send still reads a staging buffer: the next
-            # write on this thread seals into it.
-            wait([b.sent for b in batches[-2:] if b.sent is not None])
+        for lo, hi in self._spans(len(keys)):
+            part = parents[lo:hi] if parents else None
+            ok += self._write_batch(keys[lo:hi], src[lo:hi], part)
         return ok
 
-    def _seal_batch(
-        self,
-        keys: Sequence[Key],
-        src: Sequence[Segments],
-        parents: Sequence[Key | None] | None,
-        which: int,
-        batches: int,
-    ) -> _Batch:
-        """Skip the keys present, seal the rest into staging buffer ``which``, start their
-        SETs (on the sender thread when more batches follow)."""
+    def _write_batch(
+        self, keys: Sequence[Key], src: Sequence[Segments], parents: Sequence[Key | None] | None
+    ) -> list[bool]:
         names = self.keyspace.names(keys, self.rank)
         try:
             present = self.client.exists_many(names)
-        except RemoteUnavailable:
-            return _Batch(len(keys), None, [], None)
-        todo = [i for i, p in enumerate(present) if not p]
-        self.skipped_writes += len(keys) - len(todo)
-        if not todo:
-            return _Batch(len(keys), present, [], None)
-        stage, size = self._staging(which, len(todo)), HEADER_BYTES + self.slot_bytes
-        view, items = stage.numpy().data, []
-        for j, i in enumerate(todo):
-            parent = parents[i] if parents else None
-            self._seal(keys[i], parent, src[i], stage[j * size : (j + 1) * size])
-            items.append((names[i], view[j * size : (j + 1) * size]))
-        if batches > 1:
-            sent = self._sender.submit(self.client.set_many, items, self.ttl_s)
-        else:  # nothing to overlap with: no thread hand-off
-            sent = _run_now(self.client.set_many, items, self.ttl_s)
-        return _Batch(len(keys), present, todo, sent)
+            todo = [i for i, p in enumerate(present) if not p]
+            self.skipped_writes += len(keys) - len(todo)
+            size = HEADER_BYTES + self.slot_bytes
+            per = max(1, GROUP_BYTES // size)
+            stage = self._staging(min(per, len(todo)))
+            view = stage.numpy().data
 
-    def _sent(self, batch: _Batch) -> list[bool]:
-        """Wait for a batch's SETs; per-chunk success (a present chunk counts as stored)."""
-        present, wrote = batch.present, []
-        if batch.sent is not None:
-            try:
-                wrote = batch.sent.result()
-            except RemoteUnavailable:
-                present = None
-        if present is None:
-            self.failed_writes += batch.size
-            return [False] * batch.size
+            def fill(lo: int, hi: int) -> list[memoryview]:
+                out = []
+                for j, i in enumerate(todo[lo:hi]):
+                    parent = parents[i] if parents else None
+                    self._seal(keys[i], parent, src[i], stage[j * size : (j + 1) * size])
+                    out.append(view[j * size : (j + 1) * size])
+                return out
+
+            sealed = [names[i] for i in todo]
+            wrote = self.client.set_sealed(sealed, fill, per, self.ttl_s) if todo else []
+        except RemoteUnavailable:
+            self.failed_writes += len(keys)
+            return [False] * len(keys)
         ok = list(present)
-        for i, w in zip(batch.todo, wrote, strict=True):
+        for i, w in zip(todo, wrote, strict=True):
             ok[i] = w
         self.failed_writes += ok.count(False)
         return ok
@@ -230,7 +200,6 @@ class RemoteStore(SlotStore):
         return ok
 
     def close(self) -> None:
-        self._sender.shutdown()
         self._fetcher.shutdown()
         self.client.close()
 
@@ -244,12 +213,3 @@ def _run_now(call: Callable[..., _T], *args: Any) -> Future[_T]:
     except RemoteUnavailable as e:
         done.set_exception(e)
     return done
-
-
-class _Batch(NamedTuple):
-    """One write batch in flight: ``present`` None when the batch failed before sending."""
-
-    size: int
-    present: list[bool] | None
-    todo: list[int]
-    sent: Future[list[bool]] | None
