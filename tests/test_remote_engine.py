@@ -94,7 +94,7 @@ def serve(
 
 def before_first(e: MiniEngine, method: str, fault: Callable[[], None]) -> None:
     """Inject ``fault`` (on the real server) right before the remote store's first
-    ``method`` batch: the middle of a load (get_many) or of a store (set_sealed)."""
+    ``method`` batch: the middle of a load (get_each) or of a store (set_sealed)."""
     client = e.stores["redis"].client  # type: ignore[attr-defined]
     real = getattr(client, method)
     fired = []
@@ -141,7 +141,7 @@ def test_server_faults_recompute_and_keep_serving(fault):
             assert store_a.failed_writes > 0  # type: ignore[attr-defined]
             s.start()  # empty
         elif fault == "kill-mid-load":
-            setup_b = lambda e: before_first(e, "get_many", s.kill)  # noqa: E731
+            setup_b = lambda e: before_first(e, "get_each", s.kill)  # noqa: E731
         elif fault == "restart-empty":
             s.kill()
             s.start()
@@ -151,7 +151,7 @@ def test_server_faults_recompute_and_keep_serving(fault):
                 s.pause()
                 threading.Timer(0.5, s.resume).start()
 
-            setup_b = lambda e: before_first(e, "get_many", hang)  # noqa: E731
+            setup_b = lambda e: before_first(e, "get_each", hang)  # noqa: E731
         b = serve(s.url, prompts, "b", timeout_ms=100, setup=setup_b)
         if fault in ("kill-mid-load", "hung"):
             assert b.stores["redis"].bad_reads > 0 and b.recomputed > 0  # type: ignore[attr-defined]

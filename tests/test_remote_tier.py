@@ -394,8 +394,8 @@ def test_groups_sealed_into_one_buffer_are_each_sent_before_the_next(
 
 
 def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa: F811
-    """Writes go batch by batch and reads as a two-stage pipeline over batches (the next
-    batch fetched on another thread): a batch whose round trip fails fails its own chunks only,
+    """Writes and reads go batch by batch, one round trip each: a batch whose round trip
+    fails fails its own chunks only,
     the batches around it keep their results, and nothing is left in flight."""
     flush(server.url)
     space = KeySpace(NAMESPACE)
@@ -403,7 +403,7 @@ def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa:
     store = RemoteStore(
         client, space, CHUNK_BYTES, NAMESPACE.digest(), batch_bytes=2 * (CHUNK_BYTES + HEADER_BYTES)
     )
-    calls = {"set_sealed": 0, "get_many": 0}
+    calls = {"set_sealed": 0, "get_each": 0}
 
     def fail_nth(name, n):
         real = getattr(client, name)
@@ -422,7 +422,7 @@ def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa:
         got = store.write([-1] * 7, keys, segs(data))
         assert got == [True, True, False, False, True, True, True], got
         assert calls["set_sealed"] == 4
-        fail_nth("get_many", 3)
+        fail_nth("get_each", 3)
         out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
         got = store.read([-1] * 7, keys, segs(out))
         # Chunks 2-3 were never stored; the GETs of chunks 4-5 fail; the rest is exact.

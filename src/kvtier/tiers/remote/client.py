@@ -35,7 +35,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvtier.tiers.remote.keyspace import TAG_CHARS
-from kvtier.tiers.remote.sets import Fill, set_sealed
+from kvtier.tiers.remote.streams import Consume, Fill, get_each, set_sealed
 from kvtier.tiers.remote.url import RemoteTarget
 
 log = logging.getLogger("kvtier")
@@ -215,14 +215,17 @@ class RemoteClient:
     def set_sealed(
         self, names: Sequence[bytes], fill: Fill, per: int, ttl_s: int = 0
     ) -> list[bool]:
-        """SET every name, each group of ``per`` values sent as soon as ``fill`` produced it
-        (:func:`kvtier.tiers.remote.sets.set_sealed`: per-item success, one connection per
-        node, the values' buffer reusable between groups)."""
-        return self._guard(  # type: ignore[no-any-return]
-            lambda: set_sealed(
-                self._values, None if self._values else self.client, names, fill, per, ttl_s
-            )
-        )
+        """:func:`kvtier.tiers.remote.streams.set_sealed` on this store, guarded."""
+
+        def run() -> list[bool]:  # in the guard: a cluster client contacts a seed when built
+            c = self._values or self.client
+            return set_sealed(c, self.target.cluster, names, fill, per, ttl_s)
+
+        return self._guard(run)  # type: ignore[no-any-return]
+
+    def get_each(self, names: Sequence[bytes], consume: Consume) -> None:
+        """:func:`kvtier.tiers.remote.streams.get_each`, guarded (a failure may follow some)."""
+        self._guard(lambda: get_each(self.client, self.target.cluster, names, consume))
 
     def delete(self, keys: Sequence[bytes]) -> None:
         self._guard(lambda: [self.client.delete(k) for k in keys])

@@ -3,19 +3,18 @@
 Writes seal every chunk (:mod:`kvtier.tiers.envelope`: key, parent, namespace, length,
 payload checksum) into a single value, so no metadata can be evicted apart from its data,
 and skip keys already present (another engine stored them): one pipelined EXISTS per batch,
-then SETs of the rest, sent a group at a time as they are sealed. Reads are one pipelined
-GET; a value that is missing, truncated, stored under another key or namespace, or fails
-its checksum fails that chunk, and so does a timeout or a dead server (the engine
-recomputes). Values are opaque bytes: nothing read is unpickled or evaluated.
+then SETs of the rest, sent a group at a time as they are sealed. Reads send a batch's GETs
+and check each value as it arrives; a value that is missing, truncated, stored under
+another key or namespace, or fails its checksum fails that chunk, and so does a timeout or
+a dead server (the engine recomputes). Values are opaque bytes: nothing read is unpickled
+or evaluated.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -25,11 +24,9 @@ from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, payload_checksum, unseal
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
-from kvtier.tiers.remote.sets import GROUP_BYTES
+from kvtier.tiers.remote.streams import GROUP_BYTES
 
 log = logging.getLogger("kvtier")
-
-_T = TypeVar("_T")
 
 
 class RemoteStore(SlotStore):
@@ -70,8 +67,6 @@ class RemoteStore(SlotStore):
         """Chunks not written because the store already had them."""
         self.failed_writes = 0
         self._local = threading.local()
-        # Loads fetch the next batch on their own thread while checking this one.
-        self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="kvtier-remote-fetch")
 
     def _staging(self, values: int) -> torch.Tensor:
         """This thread's staging buffer for ``values`` sealed values; grown on demand, then
@@ -116,7 +111,7 @@ class RemoteStore(SlotStore):
     ) -> list[bool]:
         """One round trip per batch: a pipelined EXISTS skips the keys present, then the
         rest are sealed a group (~1 MiB) at a time into one reused buffer, each group sent
-        as soon as it is sealed (:mod:`kvtier.tiers.remote.sets`), and the replies read."""
+        as soon as it is sealed (:mod:`kvtier.tiers.remote.streams`), and the replies read."""
         ok: list[bool] = []
         for lo, hi in self._spans(len(keys)):
             part = parents[lo:hi] if parents else None
@@ -158,58 +153,36 @@ class RemoteStore(SlotStore):
     def read(
         self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
     ) -> list[bool]:
-        """Batches go as a two-stage pipeline: batch n + 1's GETs run on the fetcher thread
-        while batch n is checked and scattered on the calling thread."""
+        """One round trip per batch: every GET sent, then each value checked and scattered
+        as soon as it is read (:mod:`kvtier.tiers.remote.streams`)."""
         ok: list[bool] = []
-        spans = self._spans(len(keys))
         names = self.keyspace.names(keys, self.rank)
-        ahead: Future[list[bytes | None]] | None = None
-        for n, (lo, hi) in enumerate(spans):
-            got = ahead if ahead is not None else _run_now(self.client.get_many, names[lo:hi])
-            ahead = None
-            if n + 1 < len(spans):
-                nlo, nhi = spans[n + 1]
-                ahead = self._fetcher.submit(self.client.get_many, names[nlo:nhi])
+        for lo, hi in self._spans(len(keys)):
+            good = [False] * (hi - lo)
+
+            def consume(j: int, value: bytes | None, lo: int = lo, good: list[bool] = good) -> None:
+                good[j] = self._unpack(keys[lo + j], value, dst[lo + j])
+
             try:
-                values = got.result()
+                self.client.get_each(names[lo:hi], consume)
             except RemoteUnavailable:
-                self.bad_reads += hi - lo
-                ok += [False] * (hi - lo)
-                continue
-            ok += self._unpack(keys[lo:hi], values, dst[lo:hi])
+                good[:] = [False] * (hi - lo)  # some may be scattered: the engine recomputes
+            self.bad_reads += good.count(False)
+            ok += good
         return ok
 
-    def _unpack(
-        self, keys: Sequence[Key], values: Sequence[bytes | None], dst: Sequence[Segments]
-    ) -> list[bool]:
-        ok = []
-        for key, value, chunk in zip(keys, values, dst, strict=True):
-            payload = unseal(value, key, self.namespace, self.slot_bytes)
-            if payload is None:
-                self.bad_reads += 1
-                ok.append(False)
-                continue
-            data = np.frombuffer(payload, dtype=np.uint8)
-            for off, seg in chunk:
-                part = data[off : off + seg.numel()]
-                if seg.device.type == "cpu":
-                    seg.numpy()[...] = part.reshape(seg.shape)
-                else:
-                    seg.copy_(torch.from_numpy(part.copy()).view(seg.shape))
-            ok.append(True)
-        return ok
+    def _unpack(self, key: Key, value: bytes | None, chunk: Segments) -> bool:
+        payload = unseal(value, key, self.namespace, self.slot_bytes)
+        if payload is None:
+            return False
+        data = np.frombuffer(payload, dtype=np.uint8)
+        for off, seg in chunk:
+            part = data[off : off + seg.numel()]
+            if seg.device.type == "cpu":
+                seg.numpy()[...] = part.reshape(seg.shape)
+            else:
+                seg.copy_(torch.from_numpy(part.copy()).view(seg.shape))
+        return True
 
     def close(self) -> None:
-        self._fetcher.shutdown()
         self.client.close()
-
-
-def _run_now(call: Callable[..., _T], *args: Any) -> Future[_T]:
-    """``call(*args)`` on this thread, its outcome as a finished future (like a submitted
-    call's, so both paths are waited for the same way)."""
-    done: Future[_T] = Future()
-    try:
-        done.set_result(call(*args))
-    except RemoteUnavailable as e:
-        done.set_exception(e)
-    return done
