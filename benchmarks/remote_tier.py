@@ -13,9 +13,12 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   connections, same batch split, same run: ``RemoteClient.set_many`` of ready-made payload
   bytes (the library's pipelined SET on the connections kvtier's stores use, whose packer
   sends each value as it is) and ``RemoteClient.get_many`` of them. Every timed write
-  starts on an emptied server, and the order of the sides reverses every round (writes and
-  loads). GB/s counts payload bytes (1e9 bytes/s); best and worst of ``--repeats`` rounds.
-  Ratio = kvtier / baseline.
+  starts on an emptied server, and the order of the sides reverses every round. The timed
+  loads alternate batch by batch (kvtier's batch, then raw's, then raw's, then kvtier's,
+  ...; each side's time is the sum of its batches): the first 128 MiB read after the
+  writes ran 15-30 % slower whichever side read it, so with whole-side loads the worst
+  round was always one where kvtier went first. GB/s counts payload bytes (1e9 bytes/s);
+  best and worst of ``--repeats`` rounds. Ratio = kvtier / baseline.
 - Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
   here): ``RemoteIndex.leading`` from the scheduler's side, asked again until it answers
   (the probe thread), median and worst of ``--probes``, for a chain present whole, one
@@ -34,6 +37,8 @@ Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm]
 from __future__ import annotations
 
 import argparse
+import ctypes
+import resource
 import statistics
 import tempfile
 import time
@@ -99,26 +104,28 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
                 list(zip(raw_names[lo : lo + per], raw_values[lo : lo + per], strict=True))
             )
 
-    def raw_get() -> bytes | None:
+    def raw_get(lo: int) -> bytes:
         # Each batch's values are dropped before the next, as kvtier's read drops them
         # (keeping all of them made every batch land on fresh, page-faulting memory: the
         # raw side then ran at ~0.6 of kvtier's speed at 1-4 MiB chunks).
-        first = None
-        for lo in range(0, n, per):
-            values = client.get_many(raw_names[lo : lo + per])
-            first = values[0] if first is None else first
-        return first
+        return client.get_many(raw_names[lo : lo + per])[0]
 
     def kvtier_store() -> None:
         assert all(store.write(slots, keys, _segments(src)))
 
-    def kvtier_load() -> None:
-        assert all(store.read(slots, keys, _segments(dst)))
+    def kvtier_load(lo: int) -> None:
+        hi = min(n, lo + per)
+        assert all(store.read(slots[lo:hi], keys[lo:hi], _segments(dst[lo:hi])))
 
-    def timed(fn: Any) -> float:
+    faults = dict.fromkeys(samples, 0)  # minor page faults of the timed rounds, per side
+
+    def timed(name: str, fn: Any, *args: Any) -> float:
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+        fn(*args)
+        dt = time.perf_counter() - t0
+        faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        return dt
 
     for r in range(repeats + 1):
         # Each write is timed on a freshly emptied server (a server that already holds the
@@ -129,14 +136,18 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         writes = (("store", kvtier_store), ("raw_set", raw_set))
         for name, fn in writes[:: 1 if first else -1]:
             _flush(client)
-            t[name] = timed(fn)
+            t[name] = timed(name, fn)
         _flush(client)
         kvtier_store()
         raw_set()
-        for name, fn in (("load", kvtier_load), ("raw_get", raw_get))[:: 1 if first else -1]:
-            t[name] = timed(fn)
+        loads = (("load", kvtier_load), ("raw_get", raw_get))
+        t["load"] = t["raw_get"] = 0.0
+        for b, lo in enumerate(range(0, n, per)):
+            for name, fn in loads[:: 1 if (b + r) % 2 == 0 else -1]:
+                t[name] += timed(name, fn, lo)
         if r == 0:  # warm-up round; check the bytes once
-            assert torch.equal(dst, src) and raw_get() == raw_values[0]
+            assert torch.equal(dst, src) and raw_get(0) == raw_values[0]
+            faults.update(dict.fromkeys(faults, 0))
             continue
         nb = n * size
         for name, secs in t.items():
@@ -151,6 +162,7 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         "gbps": {k: _spread(v) for k, v in samples.items()},
         "load_ratio": _spread(ratios_load),
         "store_ratio": _spread(ratios_store),
+        "page_faults_per_mib": {k: v / (repeats * n * size / 2**20) for k, v in faults.items()},
     }
 
 
@@ -231,6 +243,18 @@ def two_engines(url: str) -> dict[str, Any]:
     return r
 
 
+def keep_freed_memory() -> None:
+    """Make glibc keep what is freed in its heap: no ``mmap`` per large value (threshold
+    64 MiB) and no return of the heap's top to the system (threshold 1 GiB). By default a
+    batch of values freed together is handed back and the next batch faults every 4 KiB page
+    in again: the raw side's list of 32 MiB of replies does, kvtier's one reply at a time
+    does not (``page_faults_per_mib`` in the results)."""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    if not (libc.mallopt(m_mmap_threshold, 64 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)):
+        raise SystemExit("--keep-freed: mallopt refused (not glibc?)")
+
+
 def _fmt_spread(r: dict[str, float]) -> str:
     return f"{r['worst']:.2f} / {r['median']:.2f} / {r['best']:.2f}"
 
@@ -244,8 +268,15 @@ def main() -> None:
     ap.add_argument("--batch-bytes", type=int, default=128 << 20)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--probes", type=int, default=30)
+    ap.add_argument(
+        "--keep-freed",
+        action="store_true",
+        help="glibc keeps freed memory (no heap trim, no mmap per value) for both sides",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.keep_freed:
+        keep_freed_memory()
     if a.quick:
         a.batch_bytes, a.repeats, a.probes = 32 << 20, 2, 10
     from kvtier.testing.redis_server import RedisCluster, RedisServer
@@ -312,6 +343,7 @@ def main() -> None:
         "lookup_ms_128k_tail_absent": lk["tail_absent"]["ms_median"],
         "lookup_ms_128k_hole": lk["hole"]["ms_median"],
         "cluster": bool(a.cluster),
+        "allocator": "glibc, freed memory kept" if a.keep_freed else "glibc default",
     }
     if vllm:
         summary.update(vllm["summary"])

@@ -7,6 +7,7 @@ import logging
 import time
 
 import pytest
+import redis
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -434,17 +435,42 @@ def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa:
         store.close()
 
 
-def test_large_values_go_to_the_socket_as_they_are(server):  # noqa: F811
-    """The stores' connections pack a SET around the value's own buffer (the library's
-    pure-Python packer), not a copy of it in a request buffer."""
-    client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
+@pytest.mark.parametrize("where", ["standalone", "cluster"])
+def test_large_values_go_to_the_socket_as_they_are(where, request):
+    """Every connection, standalone or to a cluster node, packs a SET around the value's
+    own buffer (the library's pure-Python packer), not a copy of it in a request buffer."""
+    url = request.getfixturevalue("server" if where == "standalone" else "cluster").url
+    client = RemoteClient(parse_remote_url(url), timeout_s=5)
     try:
+        c = client.client
+        if where == "cluster":
+            nodes = c.get_primaries()
+            assert len(nodes) == 3
+            pools = [c.get_redis_connection(n).connection_pool for n in nodes]
+        else:
+            pools = [c.connection_pool]
         value = memoryview(bytearray(1 << 16))
-        conn = client._values.connection_pool.make_connection()
-        packed = conn.pack_commands([("SET", b"k", value)])
-        assert any(piece is value for piece in packed)
-        # The prober's connections keep the library's default packer.
-        assert client._values is not client.client
+        for pool in pools:
+            conn = pool.make_connection()
+            assert any(piece is value for piece in conn.pack_commands([("SET", b"k", value)]))
+        # The library-built pipeline carries them too, and the values arrive whole.
+        names = [b"{t}big%d" % i for i in range(3)]
+        values = [bytes([i]) * (1 << 17) for i in range(3)]
+        assert client.set_many(list(zip(names, map(memoryview, values), strict=True)))
+        assert client.get_many(names) == values
+        client.delete(names)
+    finally:
+        client.close()
+
+
+def test_tls_urls_use_tls_connections_with_the_same_packer():
+    client = RemoteClient(parse_remote_url("rediss://127.0.0.1:1"), timeout_s=0.1)
+    try:
+        pool = client.client.connection_pool
+        assert issubclass(pool.connection_class, redis.SSLConnection)
+        value = memoryview(bytearray(1 << 16))
+        conn = pool.make_connection()
+        assert any(piece is value for piece in conn.pack_commands([("SET", b"k", value)]))
     finally:
         client.close()
 
