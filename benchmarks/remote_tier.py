@@ -16,9 +16,15 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   starts on an emptied server, and the order of the sides reverses every round. The timed
   loads alternate batch by batch (kvtier's batch, then raw's, then raw's, then kvtier's,
   ...; each side's time is the sum of its batches): the first 128 MiB read after the
-  writes ran 15-30 % slower whichever side read it, so with whole-side loads the worst
-  round was always one where kvtier went first. GB/s counts payload bytes (1e9 bytes/s);
-  best and worst of ``--repeats`` rounds. Ratio = kvtier / baseline.
+  writes ran slower whichever side read it (~10 % here, ~15-30 % after an idle second),
+  so with whole-side loads the worst rounds were those where kvtier went first. GB/s
+  counts payload bytes (1e9 bytes/s); best and worst of ``--repeats`` rounds. Ratio =
+  kvtier / baseline.
+  ``page_faults_per_mib`` counts each side's minor page faults: with glibc's defaults the
+  raw GET's 32 MiB list of replies lands on fresh pages every batch (~256 a MiB: one per
+  4 KiB), kvtier's reads, one reply at a time, do not. ``--keep-freed`` makes glibc keep
+  freed memory (both sides, same process) and so measures against a raw side that never
+  faults: the cost of kvtier's checksum and of its copy into the destination alone.
 - Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
   here): ``RemoteIndex.leading`` from the scheduler's side, asked again until it answers
   (the probe thread), median and worst of ``--probes``, for a chain present whole, one
@@ -31,7 +37,8 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   both on the same explicit threads; and B's remote-hit tokens over the shared-prefix tokens
   of the conversations A served (``second_engine_hit_fraction``).
 
-Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm] [--json PATH]``.
+Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm] [--keep-freed]
+[--json PATH]``.
 """
 
 from __future__ import annotations
