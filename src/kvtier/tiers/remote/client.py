@@ -143,14 +143,7 @@ class RemoteClient:
         caller's guard: it contacts a seed to learn the slot map, and a cluster that is
         down when the engine starts must cost misses, not the engine's start."""
         if self._client is None:
-            (host, port), *seeds = self.target.hosts
-            nodes = [redis.cluster.ClusterNode(h, p) for h, p in seeds]  # type: ignore[no-untyped-call]
-            # Given a URL, the library builds every node's pool with ``connection_class``
-            # (given host and port, it drops that argument).
-            url = f"redis://[{host}]:{port}" if ":" in host else f"redis://{host}:{port}"
-            self._client = redis.RedisCluster(
-                url=url, startup_nodes=nodes, reinitialize_steps=1, **self._kw
-            )
+            self._client = _cluster_client(self.target.hosts, self._kw)
         return self._client
 
     # -- failure handling ----------------------------------------------------------------
@@ -418,6 +411,16 @@ def _names(prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) ->
         # drops trailing NUL bytes, which no name has (suffixes end in a rank digit).
         names += rows.view(f"S{size}").reshape(n).tolist()
     return names
+
+
+def _cluster_client(hosts: Sequence[tuple[str, int]], kw: dict[str, Any]) -> Any:
+    """A cluster client on the seeds ``hosts``, its nodes' connections of
+    ``kw["connection_class"]``: given a URL (the first seed's), the library builds every
+    node's pool with that class; given host and port, it drops the argument."""
+    (host, port), *seeds = hosts
+    nodes = [redis.cluster.ClusterNode(h, p) for h, p in seeds]  # type: ignore[no-untyped-call]
+    url = f"redis://[{host}]:{port}" if ":" in host else f"redis://{host}:{port}"
+    return redis.RedisCluster(url=url, startup_nodes=nodes, reinitialize_steps=1, **kw)
 
 
 class _PlainValues:
