@@ -91,8 +91,9 @@ def set_sealed(
 ) -> list[bool]:
     """SET ``names[j]`` for every j, the values asked of ``fill`` ``per`` items at a time and
     sent before the next group is asked for; per-item success (a value the server refused,
-    out of memory or a slot that moved, fails only its item). A standalone ``client``
-    should send large values unjoined (the library's pure-Python packer)."""
+    out of memory or a slot that moved, fails only its item). ``client``'s connections
+    should send large values unjoined (kvtier's pack with the library's pure-Python
+    packer): ``fill`` reuses one buffer, so a packer that copies costs a copy a value."""
     conns = _Conns(client, cluster)
     extra: tuple[Any, ...] = ("EX", ttl_s) if ttl_s else ()
     try:
