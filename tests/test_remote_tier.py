@@ -463,6 +463,39 @@ def test_large_values_go_to_the_socket_as_they_are(where, request):
         client.close()
 
 
+def test_a_cluster_with_a_password_is_used_with_it_and_misses_without():
+    """The cluster client is built from its first seed's URL (see ``_cluster_client``):
+    credentials still reach every node, and wrong ones are misses, never errors."""
+    secret = "cluster-secret-42"
+    with RedisCluster(3, password=secret) as c:
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in c.nodes)
+        space = KeySpace(NAMESPACE)
+        keys = chain(3 * GROUP_CHUNKS, salt=5)  # three groups: several nodes
+        data = payload(len(keys), 3)
+        n = len(keys)
+        wrong = RemoteStore(
+            RemoteClient(parse_remote_url(f"redis+cluster://default:nope@{hosts}"), timeout_s=2),
+            space,
+            CHUNK_BYTES,
+            b"n" * 16,
+        )
+        assert wrong.write([-1] * n, keys, segs(data)) == [False] * n
+        right_client = RemoteClient(
+            parse_remote_url(f"redis+cluster://default:{secret}@{hosts}"), timeout_s=2
+        )
+        right = RemoteStore(right_client, space, CHUNK_BYTES, b"n" * 16)
+        try:
+            assert right.write([-1] * n, keys, segs(data)) == [True] * n
+            nodes = right_client.client.get_primaries()
+            assert sum(right_client.client.get_redis_connection(m).dbsize() > 0 for m in nodes) > 1
+            out = torch.zeros_like(data)
+            assert right.read([-1] * n, keys, segs(out)) == [True] * n
+            assert torch.equal(out, data)
+        finally:
+            right.close()
+            wrong.close()
+
+
 def test_tls_urls_use_tls_connections_with_the_same_packer():
     client = RemoteClient(parse_remote_url("rediss://127.0.0.1:1"), timeout_s=0.1)
     try:

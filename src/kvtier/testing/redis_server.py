@@ -184,15 +184,19 @@ class RedisCluster:
     """``masters`` cluster-enabled servers joined into one Redis Cluster (no replicas;
     ``cluster-require-full-coverage no``, so losing a master loses only its slots)."""
 
-    def __init__(self, masters: int = 3, *, maxmemory: str | None = None) -> None:
+    def __init__(
+        self, masters: int = 3, *, maxmemory: str | None = None, password: str | None = None
+    ) -> None:
         self.nodes: list[RedisServer] = []
+        self._auth = ["-a", password, "--no-auth-warning"] if password else []
         try:
             for _ in range(masters):
-                self.nodes.append(RedisServer(cluster=True, maxmemory=maxmemory))
+                self.nodes.append(RedisServer(cluster=True, maxmemory=maxmemory, password=password))
             hosts = [f"127.0.0.1:{n.port}" for n in self.nodes]
             subprocess.run(
                 [
                     "redis-cli",
+                    *self._auth,
                     "--cluster",
                     "create",
                     *hosts,
@@ -219,7 +223,7 @@ class RedisCluster:
         while True:
             states = [
                 subprocess.run(
-                    ["redis-cli", "-p", str(n.port), "cluster", "info"],
+                    ["redis-cli", *self._auth, "-p", str(n.port), "cluster", "info"],
                     capture_output=True,
                     text=True,
                     timeout=5,
