@@ -113,8 +113,8 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
 
     def raw_get(lo: int) -> bytes:
         # Each batch's values are dropped before the next, as kvtier's read drops them
-        # (keeping all of them made every batch land on fresh, page-faulting memory: the
-        # raw side then ran at ~0.6 of kvtier's speed at 1-4 MiB chunks).
+        # (keeping all 128 MiB ran at ~0.6 of kvtier's speed at 1-4 MiB chunks). With
+        # glibc's defaults each batch still lands on fresh pages: see --keep-freed.
         return client.get_many(raw_names[lo : lo + per])[0]
 
     def kvtier_store() -> None:
