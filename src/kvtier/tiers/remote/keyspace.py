@@ -47,12 +47,9 @@ class KeySpace:
         return self.names([key], rank)[0]
 
     def names(self, keys: Sequence[Key], rank: int) -> list[bytes]:
-        p, r, t = self.prefix, b":" + str(rank).encode(), TAG_CHARS
-        out = []
-        for k in keys:
-            h = k.hex().encode()
-            out.append(p + h[:t] + b"}" + h[t:] + r)
-        return out
+        p, r, w = self.prefix, b":" + str(rank).encode(), MID_WIDTH
+        mids = self.mids(keys)
+        return [p + mids[o : o + w] + r for o in range(0, len(mids), w)]
 
     @staticmethod
     def mids(keys: Sequence[Key]) -> bytes:
