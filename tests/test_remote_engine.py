@@ -94,7 +94,7 @@ def serve(
 
 def before_first(e: MiniEngine, method: str, fault: Callable[[], None]) -> None:
     """Inject ``fault`` (on the real server) right before the remote store's first
-    ``method`` batch: the middle of a load (get_each) or of a store (set_sealed)."""
+    ``method`` batch: the middle of a load (get_each) or of a store (set_streamed)."""
     client = e.stores["redis"].client  # type: ignore[attr-defined]
     real = getattr(client, method)
     fired = []
@@ -132,7 +132,7 @@ def test_server_faults_recompute_and_keep_serving(fault):
         prompts = workload(2)
         setup_a = None
         if fault == "kill-mid-store":
-            setup_a = lambda e: before_first(e, "set_sealed", s.kill)  # noqa: E731
+            setup_a = lambda e: before_first(e, "set_streamed", s.kill)  # noqa: E731
         a = serve(s.url, prompts, "a", setup=setup_a)
         store_a = a.stores["redis"]
         a.close()
@@ -179,7 +179,7 @@ def test_corrupt_and_foreign_values_are_misses(server):  # noqa: F811
     a = serve(server.url, prompts, "a")
     a.close()
     raw = raw_client(server.url)
-    names = sorted(raw.keys("kvt2:*"))
+    names = sorted(raw.keys("kvt3:*"))
     assert names
     rng = random.Random(0)
     for name in rng.sample(names, len(names) // 2):
@@ -214,7 +214,7 @@ def test_eviction_behind_kvtiers_back(server):  # noqa: F811
     def evict(step: int) -> None:
         if step == 0:
             return  # the first lookups find the prefix; then keys go while loads run
-        names = raw.keys("kvt2:*")
+        names = raw.keys("kvt3:*")
         for name in rng.sample(names, min(len(names), 3)):
             raw.delete(name)
 
@@ -234,13 +234,13 @@ def test_maxmemory_lru_evicts_and_engines_cope():
         drive(a)
         a.close()
         raw = raw_client(s.url)
-        before = len(raw.keys("kvt2:*"))
+        before = len(raw.keys("kvt3:*"))
         filler = redis.Redis(port=s.port)
         for i in range(40):  # other tenants' data pushes kvtier's keys out
             filler.set(f"other:{i}", b"x" * 100_000)
         assert filler.info("stats")["evicted_keys"] > 0
         filler.close()
-        assert len(raw.keys("kvt2:*")) < before
+        assert len(raw.keys("kvt3:*")) < before
         raw.close()
         b = serve(s.url, prompts, "b")
         b.close()
@@ -269,7 +269,7 @@ def test_random_traffic_with_random_evictions(server, seed, evict, n):  # noqa: 
     raw = raw_client(server.url)
 
     def hook(step: int) -> None:
-        names = raw.keys("kvt2:*")
+        names = raw.keys("kvt3:*")
         for name in rng.sample(names, min(len(names), evict)):
             raw.delete(name)
 

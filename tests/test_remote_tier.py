@@ -334,10 +334,11 @@ def test_stores_set_their_ttl_and_a_refused_set_fails_only_its_chunk(server):  #
         raw.close()
 
 
-def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  # noqa: F811
-    """Values are sealed into a per-thread staging buffer reused across groups and batches: bytes a
-    chunk's segments leave uncovered read back as zeros even after that buffer held other
-    chunks, and a write split into several round trips keeps every chunk's own bytes."""
+def test_stores_send_host_memory_as_it_is_and_zeros_where_it_has_none(server):  # noqa: F811
+    """Host segments go to the socket from their own memory (the store's staging buffer,
+    for device segments, is never made); bytes a chunk's segments leave uncovered read back
+    as zeros after other chunks were stored, and a write split into several round trips
+    keeps every chunk's own bytes."""
     flush(server.url)
     space = KeySpace(NAMESPACE)
     client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
@@ -348,6 +349,7 @@ def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  
     try:
         keys, data = chain(7, salt=31), payload(7, 8)
         assert store.write([-1] * 7, keys, segs(data)) == [True] * 7
+        assert getattr(store._local, "buf", None) is None
         out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
         assert store.read([-1] * 7, keys, segs(out)) == [True] * 7 and torch.equal(out, data)
         # Only the middle of the payload given: the rest must come back zero, not the
@@ -366,18 +368,19 @@ def test_stores_stage_through_one_reused_buffer_without_leaking_bytes(server):  
 
 
 @pytest.mark.parametrize("where", ["standalone", "cluster"])
-def test_groups_sealed_into_one_buffer_are_each_sent_before_the_next(
+def test_values_sent_in_parts_read_back_whole(
     server,  # noqa: F811
     cluster,  # noqa: F811
     where,
     monkeypatch,
 ):
-    """A batch's values are sealed a group at a time into one reused buffer: two values a
-    group here, so a 7-chunk write reuses it four times (and a cluster spreads the chunks
-    over nodes); every chunk must read back as its own bytes, never a later group's."""
+    """A value goes out in parts of PART_BYTES (here a third of a chunk, so parts straddle
+    the two segments and the gaps between them) with its envelope last; on a cluster the
+    chunks spread over nodes, so parts for several connections interleave. Every chunk reads
+    back as its own bytes, zeros where no segment covered it."""
     url = server.url if where == "standalone" else cluster.url
     flush(url)
-    monkeypatch.setattr(store_module, "GROUP_BYTES", 2 * (CHUNK_BYTES + HEADER_BYTES))
+    monkeypatch.setattr(store_module, "PART_BYTES", CHUNK_BYTES // 3)
     space = KeySpace(NAMESPACE)
     store = RemoteStore(
         RemoteClient(parse_remote_url(url), timeout_s=5), space, CHUNK_BYTES, NAMESPACE.digest()
@@ -385,13 +388,79 @@ def test_groups_sealed_into_one_buffer_are_each_sent_before_the_next(
     try:
         keys = chain(7 * GROUP_CHUNKS, salt=51)[::GROUP_CHUNKS]  # seven groups: seven slots
         data = payload(7, 12)
-        assert store.write([-1] * 7, keys, segs(data)) == [True] * 7
-        assert store._staging(0).numel() == 2 * (CHUNK_BYTES + HEADER_BYTES)
-        out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
+        q = CHUNK_BYTES // 4
+        src = [[(q, row[q : 2 * q]), (3 * q, row[3 * q :]), (0, row[:100])] for row in data]
+        assert store.write([-1] * 7, keys, src) == [True] * 7
+        out = torch.full((7, CHUNK_BYTES), 9, dtype=torch.uint8)
         assert store.read([-1] * 7, keys, segs(out)) == [True] * 7
-        assert torch.equal(out, data)
+        want = data.clone()
+        want[:, 100:q] = 0
+        want[:, 2 * q : 3 * q] = 0
+        assert torch.equal(out, want)
+        # Overlapping segments are refused before any of their bytes reach a store, and
+        # the connection the refused value was half sent on is not used again.
+        bad = chain(2, salt=52)
+        with pytest.raises(ValueError, match="overlap"):
+            store.write([-1] * 2, bad, [[(0, data[0][:q]), (q - 1, data[0][q:])]] * 2)
+        assert store.read([-1] * 2, bad, segs(out[:2])) == [False] * 2
+        assert store.write([-1] * 2, bad, segs(data[:2])) == [True] * 2
+        assert store.read([-1] * 2, bad, segs(out[:2])) == [True] * 2
+        assert torch.equal(out[:2], data[:2])
     finally:
         store.close()
+
+
+def test_each_piece_is_sent_before_the_next_is_made(server, monkeypatch):  # noqa: F811
+    """``set_streamed`` hands every piece to the socket as soon as it is yielded, in place
+    of the stand-in the library packed (small pieces joined with the framing around them);
+    a packer that copies values (the library's default) gets each value joined first;
+    pieces that do not add up to the value's length are refused before a byte too many is
+    sent, and the server is left consistent (the next batch on a fresh connection works)."""
+    from kvtier.tiers.remote import streams
+
+    flush(server.url)
+    part = streams.JOIN_BELOW
+    length = 3 * part + 16
+    buf = bytearray(part)  # one buffer for every piece: each must be sent before it changes
+    events: list[tuple[str, int]] = []
+
+    def parts(j, extra=0):
+        for k in range(3):
+            buf[:] = bytes([10 * j + k]) * part
+            events.append(("made", part))
+            yield memoryview(buf)
+        events.append(("made", 16))
+        yield bytes([j]) * (16 + extra)
+
+    def want(j):
+        return b"".join(bytes([10 * j + k]) * part for k in range(3)) + bytes([j]) * 16
+
+    real = client_module._Connection.send_packed_command
+
+    def send(self, command, check_health=True):
+        events.extend(("send", len(p)) for p in command)
+        return real(self, command, check_health)
+
+    monkeypatch.setattr(client_module._Connection, "send_packed_command", send)
+    client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
+    try:
+        names = [b"{s}a", b"{s}b"]
+        assert client.set_streamed(names, length, parts) == [True, True]
+        assert client.get_many(names) == [want(0), want(1)]
+        # made, sent, made, sent, ...; the 16-byte tail is joined with the framing.
+        assert [e for e in events if e[1] >= part] == [("made", part), ("send", part)] * 6
+        assert sum(n for kind, n in events if kind == "send") > 2 * length
+        with redis.Redis.from_url(server.url) as plain:  # the default packer copies values
+            got = streams.set_streamed(plain, False, [b"{s}c"], length, parts, 0)
+            assert got == [True] and plain.get(b"{s}c") == want(0)
+            for extra in (1, -1):
+                with pytest.raises(ValueError, match="pieces"):
+                    client.set_streamed([b"{s}d"], length, lambda j, e=extra: parts(j, e))
+            assert client.set_streamed([b"{s}e"], length, parts) == [True]
+            assert plain.get(b"{s}e") == want(0) and not plain.exists(b"{s}d")
+            assert plain.dbsize() == 4, plain.keys()
+    finally:
+        client.close()
 
 
 def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa: F811
@@ -404,7 +473,7 @@ def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa:
     store = RemoteStore(
         client, space, CHUNK_BYTES, NAMESPACE.digest(), batch_bytes=2 * (CHUNK_BYTES + HEADER_BYTES)
     )
-    calls = {"set_sealed": 0, "get_each": 0}
+    calls = {"set_streamed": 0, "get_each": 0}
 
     def fail_nth(name, n):
         real = getattr(client, name)
@@ -419,10 +488,10 @@ def test_a_failed_batch_fails_only_its_chunks_in_the_pipelines(server):  # noqa:
 
     try:
         keys, data = chain(7, salt=41), payload(7, 10)
-        fail_nth("set_sealed", 2)
+        fail_nth("set_streamed", 2)
         got = store.write([-1] * 7, keys, segs(data))
         assert got == [True, True, False, False, True, True, True], got
-        assert calls["set_sealed"] == 4
+        assert calls["set_streamed"] == 4
         fail_nth("get_each", 3)
         out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
         got = store.read([-1] * 7, keys, segs(out))

@@ -1,8 +1,10 @@
 """The chunk envelope: the fixed header every chunk carries outside process memory.
 
-Disk slots and (next) remote values hold the same 128-byte envelope in front of (disk: in a
-separate header area) the payload, so one codec checks both. Little-endian, ``struct``
-format ``HEADER_FORMAT``::
+Disk slots, shared-store values and remote values hold the same 128-byte envelope, so one
+codec checks all three: disk keeps it in a separate header area, a shared-store value in
+front of the payload, a remote value after it (``tail=True``: a remote store sends each part
+of the payload as soon as it is checksummed, and the checksum is known only at the end).
+Little-endian, ``struct`` format ``HEADER_FORMAT``::
 
     off size field                          off size field
     0    4   magic b"KVTS"                  48  16   parent key (zeros when none)
@@ -22,7 +24,7 @@ back the wrong value for a key. Parsing never trusts a field it has not checked.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -62,6 +64,12 @@ def payload_seed(key: Key, namespace: bytes) -> int:
 
 def payload_checksum(payload: bytes | bytearray | memoryview, key: Key, namespace: bytes) -> int:
     return int(xxhash.xxh3_64_intdigest(payload, seed=payload_seed(key, namespace)))
+
+
+def payload_hasher(key: Key, namespace: bytes) -> Any:
+    """A streaming form of :func:`payload_checksum`: ``update`` it with the payload's
+    parts in order; ``intdigest()`` equals the checksum of their concatenation."""
+    return xxhash.xxh3_64(seed=payload_seed(key, namespace))
 
 
 def pack_envelope(
@@ -108,21 +116,29 @@ def parse_envelope(data: bytes | bytearray | memoryview) -> Envelope | None:
     return Envelope(key, parent if linked else None, unknown, ns, seq, length, psum)
 
 
-def seal(key: Key, parent: Key | None, namespace: bytes, payload: bytes) -> bytes:
-    """Envelope + payload as one value (what a key-addressed store keeps under a key)."""
+def seal(
+    key: Key, parent: Key | None, namespace: bytes, payload: bytes, *, tail: bool = False
+) -> bytes:
+    """Envelope + payload as one value (what a key-addressed store keeps under a key);
+    payload + envelope with ``tail``."""
     csum = payload_checksum(payload, key, namespace)
-    return pack_envelope(key, parent, namespace, 0, len(payload), csum) + payload
+    env = pack_envelope(key, parent, namespace, 0, len(payload), csum)
+    return payload + env if tail else env + payload
 
 
-def unseal(value: bytes | None, key: Key, namespace: bytes, length: int) -> memoryview | None:
-    """The payload of a sealed value, or None when the value is missing, truncated, under
-    another key or namespace, of another length, or fails its checksum."""
-    if value is None:
+def unseal(
+    value: bytes | None, key: Key, namespace: bytes, length: int, *, tail: bool = False
+) -> memoryview | None:
+    """The payload of a sealed value (envelope in front, or after it with ``tail``), or
+    None when the value is missing, truncated, under another key or namespace, of another
+    length, or fails its checksum."""
+    if value is None or len(value) != HEADER_BYTES + length:
         return None
-    env = parse_envelope(value)
+    view = memoryview(value)
+    env = parse_envelope(view[length:] if tail else view)
     if env is None or env.key != key or env.namespace != namespace or env.length != length:
         return None
-    payload = memoryview(value)[HEADER_BYTES:]
-    if len(payload) != length or payload_checksum(payload, key, namespace) != env.checksum:
+    payload = view[:length] if tail else view[HEADER_BYTES:]
+    if payload_checksum(payload, key, namespace) != env.checksum:
         return None
     return payload

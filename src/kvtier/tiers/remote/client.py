@@ -35,7 +35,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvtier.tiers.remote.keyspace import TAG_CHARS
-from kvtier.tiers.remote.streams import Consume, Fill, get_each, set_sealed
+from kvtier.tiers.remote.streams import Consume, Parts, exists_each, get_each, set_streamed
 from kvtier.tiers.remote.url import RemoteTarget
 
 log = logging.getLogger("kvtier")
@@ -208,15 +208,20 @@ class RemoteClient:
 
         return [v is True for v in self._guard(run)]
 
-    def set_sealed(
-        self, names: Sequence[bytes], fill: Fill, per: int, ttl_s: int = 0
+    def set_streamed(
+        self, names: Sequence[bytes], length: int, parts: Parts, ttl_s: int = 0
     ) -> list[bool]:
-        """:func:`kvtier.tiers.remote.streams.set_sealed` on this store, guarded."""
+        """:func:`kvtier.tiers.remote.streams.set_streamed` on this store, guarded."""
 
         def run() -> list[bool]:  # in the guard: a cluster client contacts a seed when built
-            return set_sealed(self.client, self.target.cluster, names, fill, per, ttl_s)
+            return set_streamed(self.client, self.target.cluster, names, length, parts, ttl_s)
 
         return self._guard(run)  # type: ignore[no-any-return]
+
+    def exists_each(self, names: Sequence[bytes]) -> list[bool]:
+        """:func:`kvtier.tiers.remote.streams.exists_each`, guarded: :meth:`exists_many`
+        without the library's pipeline (and its redirects), for a store's batches."""
+        return self._guard(lambda: exists_each(self.client, self.target.cluster, names))  # type: ignore[no-any-return]
 
     def get_each(self, names: Sequence[bytes], consume: Consume) -> None:
         """:func:`kvtier.tiers.remote.streams.get_each`, guarded (a failure may follow some)."""

@@ -1,13 +1,13 @@
 """Key names of chunks in a remote store.
 
-``kvt2:<namespace>:{<tag>}<rest>:<rank>`` in ASCII: the namespace is the 32-hex-digit chain
+``kvt3:<namespace>:{<tag>}<rest>:<rank>`` in ASCII: the namespace is the 32-hex-digit chain
 digest (model, KV geometry, parallel layout, deployment namespace), ``<tag><rest>`` the
 chunk key's 32 hex digits split after its group tag (:data:`kvtier.keys.TAG_BYTES`), the
 rank the tensor-parallel shard. The hash tag is the group tag: in a Redis Cluster each group
 of :data:`kvtier.keys.GROUP_CHUNKS` consecutive chunks of a chain (every rank) lands in one
 slot, so a probe counts a group with one multi-key EXISTS, while a chain's groups spread over
 every node (balance). Hex keeps the names printable (``redis-cli --scan --pattern
-'kvt2:<namespace>:*'`` lists one deployment's chunks) and keeps ``{``/``}`` bytes of binary
+'kvt3:<namespace>:*'`` lists one deployment's chunks) and keeps ``{``/``}`` bytes of binary
 keys from moving the tag.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from kvtier.keys import KEY_BYTES, TAG_BYTES, Key, Namespace
 
-PREFIX = b"kvt2:"
+PREFIX = b"kvt3:"
 
 TAG_CHARS = 2 * TAG_BYTES
 """Hex digits of a name's hash tag: the first TAG_CHARS bytes of its middle part."""
