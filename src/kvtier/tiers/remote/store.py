@@ -3,9 +3,9 @@
 Writes seal every chunk into a single value, the payload followed by its envelope
 (:mod:`kvtier.tiers.envelope`: key, parent, namespace, length, payload checksum), so no
 metadata can be evicted apart from its data, and skip keys already present (another engine
-stored them): one pipelined EXISTS per batch, then SETs of the rest, each value sent part by
-part as it is copied and checksummed. Reads send a batch's GETs
-and check each value as it arrives; a value that is missing, truncated, stored under
+stored them): one EXISTS per write job, then SETs of the rest, each value sent from its
+source's own memory part by part, each part checksummed just before it is sent. Reads send
+a batch's GETs and check each value as it arrives; a value that is missing, truncated, stored under
 another key or namespace, or fails its checksum fails that chunk, and so does a timeout or
 a dead server (the engine recomputes). Values are opaque bytes: nothing read is unpickled
 or evaluated.
@@ -126,10 +126,9 @@ class RemoteStore(SlotStore):
     ) -> list[bool]:
         """One pipelined EXISTS for the whole job skips the keys present (a round trip per
         batch cost ~5 % of a store's speed here), then the rest go in batches of one round
-        trip each: values filled one at a time into this thread's value buffer, each part
-        sent as soon as it is copied and checksummed (:mod:`kvtier.tiers.remote.streams`),
-        the replies read at the batch's end. A failed EXISTS fails the job's chunks, a
-        failed batch its own."""
+        trip each: each value's parts sent as they are checksummed (:meth:`_parts`,
+        :mod:`kvtier.tiers.remote.streams`), the replies read at the batch's end. A failed
+        EXISTS fails the job's chunks, a failed batch its own."""
         names = self.keyspace.names(keys, self.rank)
         try:
             ok = self.client.exists_each(names)
