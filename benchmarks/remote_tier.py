@@ -5,25 +5,26 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
 
 - Bandwidth, per chunk size S in 256 KiB, 1 MiB, 4 MiB: ``--batch-bytes`` (default 128 MiB)
   as ``n = batch // S`` chunks of distinct random bytes in a host tensor, each chunk given
-  as two segments (as engine KV regions give it). ``kvtier store``: ``RemoteStore.write``
-  of the whole batch on an emptied server (one pipelined EXISTS to skip present keys, then
-  pipelined SETs, each value sent from the source tensor in 256 KiB parts, each part
-  checksummed just before it is sent, the envelope last); ``kvtier load``:
-  ``RemoteStore.read`` into a destination tensor (GET, envelope and checksum checked,
-  scattered into the segments). Baselines (``raw``), same bytes, same client object and
-  connections, same batch split, same run: ``RemoteClient.set_many`` of ready-made payload
-  bytes (the library's pipelined SET on the connections kvtier's stores use, whose packer
-  sends each value as it is) and ``RemoteClient.get_many`` of them. Every timed write
-  starts on an emptied server, and the order of the sides reverses every round. The timed
-  loads alternate batch by batch (kvtier's batch, then raw's, then raw's, then kvtier's,
-  ...; each side's time is the sum of its batches): the first 128 MiB read after the
-  writes ran slower whichever side read it (~10 % here, ~15-30 % after an idle second),
-  so with whole-side loads the worst rounds were those where kvtier went first. GB/s
-  counts payload bytes (1e9 bytes/s); best and worst of ``--repeats`` rounds. Ratio =
-  kvtier / baseline. A store ratio above 1 is kvtier's sending, not a weak baseline: the
-  raw SET's own bytes, read and sent in 256 KiB parts, ran 1.14-1.20x its plain speed
-  here (the kernel copies a part just read from cache faster than a whole value from
-  memory).
+  as two segments (as engine KV regions give it), in batches of 32 MiB (one round trip
+  each). ``kvtier store``: ``RemoteStore.write`` of a batch (one pipelined EXISTS to skip
+  present keys, then pipelined SETs, each value sent from the source tensor in 256 KiB
+  parts, each part checksummed just before it is sent, the envelope last); ``kvtier
+  load``: ``RemoteStore.read`` of a batch into a destination tensor (GET, envelope and
+  checksum checked, scattered into the segments). Baselines (``raw``), same bytes, same
+  client object and connections, same batch split, same run: ``RemoteClient.set_many`` of
+  ready-made payload bytes (the library's pipelined SET on the connections kvtier's stores
+  use, whose packer sends each value as it is) and ``RemoteClient.get_many`` of them. Each
+  round starts on an emptied server; the sides alternate batch by batch, the writes, then
+  the loads (kvtier's batch, then raw's, then raw's, then kvtier's, ...; each side's time
+  is the sum of its batches), so a slow spell of the machine, or of a filling server,
+  falls on both alike: timed whole side after whole side, a single round now and then ran
+  a side 30-40 % off its median (store ratios of 0.74-0.76 amid 1.1-1.2), and the first
+  128 MiB read after the writes ran ~10 % slower (15-30 % after an idle second)
+  whichever side read it. GB/s counts payload bytes (1e9 bytes/s); best and worst of
+  ``--repeats`` rounds. Ratio = kvtier / baseline. A store ratio above 1 is kvtier's way
+  of sending, not a weak baseline: the raw SET's own bytes, read and sent in 256 KiB parts,
+  ran 1.14-1.20x its plain speed here (the kernel copies a part just read into cache
+  faster than a whole value from memory).
   ``page_faults_per_mib`` counts each side's minor page faults: with glibc's defaults the
   raw GET's 32 MiB list of replies lands on fresh pages every batch (~256 a MiB: one per
   4 KiB), kvtier's reads, one reply at a time, do not. ``--keep-freed`` makes glibc keep
@@ -109,11 +110,8 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
     }
     slots = [-1] * n
 
-    def raw_set() -> None:
-        for lo in range(0, n, per):
-            client.set_many(
-                list(zip(raw_names[lo : lo + per], raw_values[lo : lo + per], strict=True))
-            )
+    def raw_set(lo: int) -> None:
+        client.set_many(list(zip(raw_names[lo : lo + per], raw_values[lo : lo + per], strict=True)))
 
     def raw_get(lo: int) -> bytes:
         # Each batch's values are dropped before the next, as kvtier's read drops them
@@ -121,8 +119,9 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         # glibc's defaults each batch still lands on fresh pages: see --keep-freed.
         return client.get_many(raw_names[lo : lo + per])[0]
 
-    def kvtier_store() -> None:
-        assert all(store.write(slots, keys, _segments(src)))
+    def kvtier_store(lo: int) -> None:
+        hi = min(n, lo + per)
+        assert all(store.write(slots[lo:hi], keys[lo:hi], _segments(src[lo:hi])))
 
     def kvtier_load(lo: int) -> None:
         hi = min(n, lo + per)
@@ -138,24 +137,19 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         return dt
 
+    writes = (("store", kvtier_store), ("raw_set", raw_set))
+    loads = (("load", kvtier_load), ("raw_get", raw_get))
     for r in range(repeats + 1):
-        # Each write is timed on a freshly emptied server (a server that already holds the
-        # other side's batch allocates new memory: the side written second ran up to 2x
-        # slower); both orders alternate across rounds, for the loads too.
-        first = r % 2 == 0
-        t = {}
-        writes = (("store", kvtier_store), ("raw_set", raw_set))
-        for name, fn in writes[:: 1 if first else -1]:
-            _flush(client)
-            t[name] = timed(name, fn)
+        # Each round starts on an emptied server. The sides alternate batch by batch, the
+        # writes and then the loads (kvtier's batch, raw's, raw's, kvtier's, ...; each
+        # side's time the sum of its batches), so a slow spell of the machine, or of a
+        # server filling up, falls on both sides alike.
         _flush(client)
-        kvtier_store()
-        raw_set()
-        loads = (("load", kvtier_load), ("raw_get", raw_get))
-        t["load"] = t["raw_get"] = 0.0
-        for b, lo in enumerate(range(0, n, per)):
-            for name, fn in loads[:: 1 if (b + r) % 2 == 0 else -1]:
-                t[name] += timed(name, fn, lo)
+        t = dict.fromkeys(samples, 0.0)
+        for phase in (writes, loads):
+            for b, lo in enumerate(range(0, n, per)):
+                for name, fn in phase[:: 1 if (b + r) % 2 == 0 else -1]:
+                    t[name] += timed(name, fn, lo)
         if r == 0:  # warm-up round; check the bytes once
             assert torch.equal(dst, src) and raw_get(0) == raw_values[0]
             faults.update(dict.fromkeys(faults, 0))

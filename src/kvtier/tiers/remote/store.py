@@ -1,14 +1,14 @@
-"""A worker's data plane on a remote store: one value per chunk and rank, envelope + payload.
+"""A worker's data plane on a remote store: one value per chunk and rank, payload + envelope.
 
 Writes seal every chunk into a single value, the payload followed by its envelope
 (:mod:`kvtier.tiers.envelope`: key, parent, namespace, length, payload checksum), so no
 metadata can be evicted apart from its data, and skip keys already present (another engine
 stored them): one EXISTS per write job, then SETs of the rest, each value sent from its
 source's own memory part by part, each part checksummed just before it is sent. Reads send
-a batch's GETs and check each value as it arrives; a value that is missing, truncated, stored under
-another key or namespace, or fails its checksum fails that chunk, and so does a timeout or
-a dead server (the engine recomputes). Values are opaque bytes: nothing read is unpickled
-or evaluated.
+a batch's GETs and check each value as it arrives; a value that is missing, truncated,
+stored under another key or namespace, or fails its checksum fails that chunk, and so does
+a timeout or a dead server (the engine recomputes). Values are opaque bytes: nothing read
+is unpickled or evaluated.
 """
 
 from __future__ import annotations
