@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+import hiredis
 import pytest
 import redis
 import torch
@@ -421,16 +422,21 @@ def test_each_piece_is_sent_before_the_next_is_made(server, monkeypatch):  # noq
     flush(server.url)
     part = streams.JOIN_BELOW
     length = 3 * part + 16
-    buf = bytearray(part)  # one buffer for every piece: each must be sent before it changes
+    # One buffer for every large piece and one for every tail: each piece must be sent, or
+    # copied, before its buffer changes (a tail is joined with later framing, not sent).
+    buf, tail = bytearray(part), bytearray(16)
     events: list[tuple[str, int]] = []
 
-    def parts(j, extra=0):
+    def parts(j, end=16, more=b""):
+        tail[:] = bytes([j]) * 16  # while the previous value's tail may still be held
         for k in range(3):
             buf[:] = bytes([10 * j + k]) * part
             events.append(("made", part))
             yield memoryview(buf)
         events.append(("made", 16))
-        yield bytes([j]) * (16 + extra)
+        yield memoryview(tail)[:end]
+        if more:
+            yield more
 
     def want(j):
         return b"".join(bytes([10 * j + k]) * part for k in range(3)) + bytes([j]) * 16
@@ -453,11 +459,15 @@ def test_each_piece_is_sent_before_the_next_is_made(server, monkeypatch):  # noq
         with redis.Redis.from_url(server.url) as plain:  # the default packer copies values
             got = streams.set_streamed(plain, False, [b"{s}c"], length, parts, 0)
             assert got == [True] and plain.get(b"{s}c") == want(0)
-            for extra in (1, -1):
+            # Too short, and too long: bytes past the value that would end it and start a
+            # command of their own, large enough to go out unjoined (never sent: the piece
+            # that overruns is refused).
+            injected = b"\r\n" + hiredis.pack_command((b"SET", b"{s}x", b"X" * part))
+            for kw in ({"end": 15}, {"more": injected}):
                 with pytest.raises(ValueError, match="pieces"):
-                    client.set_streamed([b"{s}d"], length, lambda j, e=extra: parts(j, e))
+                    client.set_streamed([b"{s}d"], length, lambda j, kw=kw: parts(j, **kw))
             assert client.set_streamed([b"{s}e"], length, parts) == [True]
-            assert plain.get(b"{s}e") == want(0) and not plain.exists(b"{s}d")
+            assert plain.get(b"{s}e") == want(0) and not plain.exists(b"{s}d", b"{s}x")
             assert plain.dbsize() == 4, plain.keys()
     finally:
         client.close()
