@@ -468,7 +468,11 @@ def test_each_piece_is_sent_before_the_next_is_made(server, monkeypatch):  # noq
                     client.set_streamed([b"{s}d"], length, lambda j, kw=kw: parts(j, **kw))
             assert client.set_streamed([b"{s}e"], length, parts) == [True]
             assert plain.get(b"{s}e") == want(0) and not plain.exists(b"{s}d", b"{s}x")
-            assert plain.dbsize() == 4, plain.keys()
+            # Lengths are counted in bytes whatever a buffer's item size.
+            floats = torch.arange(4, dtype=torch.float32).numpy()
+            assert client.set_streamed([b"{s}f"], 16, lambda j: [floats.data]) == [True]
+            assert plain.get(b"{s}f") == floats.tobytes()
+            assert plain.dbsize() == 5, plain.keys()
     finally:
         client.close()
 

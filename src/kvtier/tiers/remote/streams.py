@@ -43,9 +43,9 @@ JOIN_BELOW = 64 << 10
 joined, up to PART_BYTES, into one send rather than a system call each."""
 
 Parts = Callable[[int], Iterable[Any]]
-"""``parts(j)``: item j's value as consecutive pieces (bytes, or buffers of single bytes), in
-order. Each piece is sent (or copied) before the next is asked for, so a piece's memory may
-be reused for the next."""
+"""``parts(j)``: item j's value as consecutive pieces (bytes-like, C-contiguous), in order.
+Each piece is sent (or copied) before the next is asked for, so a piece's memory may be
+reused for the next."""
 
 Consume = Callable[[int, "bytes | None"], None]
 """``consume(j, value)``: item j's value as read (None when missing or refused); the value
@@ -165,15 +165,20 @@ def set_streamed(
         conns.release()
 
 
-def _exactly(length: int, pieces: Iterable[Any]) -> Iterator[Any]:
-    """``pieces``, checked to add up to ``length`` bytes: a piece that would run past it,
-    or an end short of it, raises ValueError (before that piece is handed on)."""
+def _exactly(length: int, pieces: Iterable[Any]) -> Iterator[memoryview]:
+    """``pieces`` as flat byte views, checked to add up to ``length`` bytes: a piece that
+    would run past it, or an end short of it, raises ValueError (before that piece is
+    handed on). Counted in bytes whatever a buffer's item size, so the count always matches
+    what the socket sends."""
     sent = 0
     for piece in pieces:
-        sent += len(piece)
+        view = memoryview(piece)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        sent += len(view)
         if sent > length:
             raise ValueError(f"a value's pieces run past its {length} bytes")
-        yield piece
+        yield view
     if sent != length:
         raise ValueError(f"a value's pieces add up to {sent} bytes, not {length}")
 
