@@ -22,8 +22,9 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   128 MiB read after the writes ran ~10 % slower (15-30 % after an idle second)
   whichever side read it. GB/s counts payload bytes (1e9 bytes/s); best and worst of
   ``--repeats`` rounds. Ratio = kvtier / baseline. A store ratio above 1 is kvtier's way
-  of sending, not a weak baseline; two more write sides (alternated with the others, under
-  names of their own) show it: the raw SET's own bytes sent through kvtier's sender in
+  of sending, not a weak baseline; with ``--sends`` two more write sides (alternated with
+  the others, under names of their own; they make each round hold twice the bytes, so the
+  headline runs go without them) show it: the raw SET's own bytes sent through kvtier's sender in
   256 KiB parts (``raw_set_parts``), and each part first read by the checksum
   (``raw_set_read_parts``), each over the raw SET (``raw_set_in_parts_over_raw_set``,
   ``raw_set_read_in_parts_over_raw_set``: medians per chunk size). Here the second ran
@@ -47,7 +48,7 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   of the conversations A served (``second_engine_hit_fraction``).
 
 Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm] [--keep-freed]
-[--json PATH]``.
+[--sends] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def _flush(client: RemoteClient) -> None:
         c.flushall()
 
 
-def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, Any]:
+def bandwidth(
+    url: str, size: int, batch_bytes: int, repeats: int, sends: bool = False
+) -> dict[str, Any]:
     n = max(4, batch_bytes // size)
     client = RemoteClient(parse_remote_url(url), timeout_s=30)
     space = KeySpace(NS)
@@ -113,9 +116,9 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         "load": [],
         "raw_set": [],
         "raw_get": [],
-        "raw_set_parts": [],
-        "raw_set_read_parts": [],
     }
+    if sends:
+        samples.update(raw_set_parts=[], raw_set_read_parts=[])
     slots = [-1] * n
 
     def raw_set(lo: int) -> None:
@@ -163,12 +166,12 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
         faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         return dt
 
-    writes = (
-        ("store", kvtier_store),
-        ("raw_set", raw_set),
-        ("raw_set_parts", raw_parts(b"p", read=False)),
-        ("raw_set_read_parts", raw_parts(b"r", read=True)),
-    )
+    writes: tuple[tuple[str, Any], ...] = (("store", kvtier_store), ("raw_set", raw_set))
+    if sends:
+        writes += (
+            ("raw_set_parts", raw_parts(b"p", read=False)),
+            ("raw_set_read_parts", raw_parts(b"r", read=True)),
+        )
     loads = (("load", kvtier_load), ("raw_get", raw_get))
     for r in range(repeats + 1):
         # Each round starts on an emptied server. The sides alternate batch by batch, the
@@ -196,15 +199,16 @@ def bandwidth(url: str, size: int, batch_bytes: int, repeats: int) -> dict[str, 
     def over_raw_set(name: str) -> dict[str, float]:
         return _spread([k / r for k, r in zip(samples[name], samples["raw_set"], strict=True)])
 
+    # The raw SET's bytes sent in kvtier's parts, over the raw SET (same run).
+    extra = {f"{k}_ratio": over_raw_set(k) for k in samples if k.startswith("raw_set_")}
+
     return {
         "chunk_bytes": size,
         "chunks": n,
         "gbps": {k: _spread(v) for k, v in samples.items()},
         "load_ratio": _spread(ratios_load),
         "store_ratio": _spread(ratios_store),
-        # The raw SET's bytes sent in kvtier's parts, over the raw SET (same run).
-        "raw_set_parts_ratio": over_raw_set("raw_set_parts"),
-        "raw_set_read_parts_ratio": over_raw_set("raw_set_read_parts"),
+        **extra,
         "page_faults_per_mib": {k: v / (repeats * n * size / 2**20) for k, v in faults.items()},
     }
 
@@ -316,6 +320,11 @@ def main() -> None:
         action="store_true",
         help="glibc keeps freed memory (no heap trim, no mmap per value) for both sides",
     )
+    ap.add_argument(
+        "--sends",
+        action="store_true",
+        help="also time the raw SET's bytes sent in kvtier's 256 KiB parts (read first or not)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.keep_freed:
@@ -332,7 +341,7 @@ def main() -> None:
         url = server.url
     try:
         sizes = [256 << 10, 1 << 20, 4 << 20]
-        bw = [bandwidth(url, s, a.batch_bytes, a.repeats) for s in sizes]
+        bw = [bandwidth(url, s, a.batch_bytes, a.repeats, a.sends) for s in sizes]
         lk = lookup(url, a.probes)
         vllm: dict[str, Any] = {}
         if a.vllm:
@@ -373,15 +382,6 @@ def main() -> None:
             for case in ("whole", "tail_absent", "hole")
         )
     )
-    print(
-        "the raw SET's bytes sent in 256 KiB parts / read, then sent in parts, over the raw"
-        " SET (medians): "
-        + ", ".join(
-            f"{fmt_bytes(b['chunk_bytes'])} {b['raw_set_parts_ratio']['median']:.2f}"
-            f" / {b['raw_set_read_parts_ratio']['median']:.2f}"
-            for b in bw
-        )
-    )
     summary: dict[str, Any] = {
         "load_ratio_vs_raw_client": min(b["load_ratio"]["worst"] for b in bw),
         "load_ratio_vs_raw_client_best": max(b["load_ratio"]["best"] for b in bw),
@@ -390,10 +390,6 @@ def main() -> None:
         # The lowest per-size median: the typical round at the chunk size that does worst.
         "load_ratio_vs_raw_client_median": min(b["load_ratio"]["median"] for b in bw),
         "store_ratio_vs_raw_client_median": min(b["store_ratio"]["median"] for b in bw),
-        # Why a store can beat the raw SET: the raw SET's own bytes sent the way kvtier
-        # sends (medians per chunk size, over the raw SET).
-        "raw_set_in_parts_over_raw_set": [b["raw_set_parts_ratio"]["median"] for b in bw],
-        "raw_set_read_in_parts_over_raw_set": [b["raw_set_read_parts_ratio"]["median"] for b in bw],
         "lookup_ms_128k": lk["whole"]["ms_median"],
         "lookup_ms_128k_worst": lk["whole"]["ms_worst"],
         "lookup_ms_128k_tail_absent": lk["tail_absent"]["ms_median"],
@@ -401,6 +397,22 @@ def main() -> None:
         "cluster": bool(a.cluster),
         "allocator": "glibc, freed memory kept" if a.keep_freed else "glibc default",
     }
+    if a.sends:
+        # Why a store can beat the raw SET: the raw SET's own bytes sent the way kvtier
+        # sends (medians per chunk size, over the raw SET).
+        summary["raw_set_in_parts_over_raw_set"] = [b["raw_set_parts_ratio"]["median"] for b in bw]
+        summary["raw_set_read_in_parts_over_raw_set"] = [
+            b["raw_set_read_parts_ratio"]["median"] for b in bw
+        ]
+        print(
+            "the raw SET's bytes sent in 256 KiB parts / read, then sent in parts, over the raw"
+            " SET (medians): "
+            + ", ".join(
+                f"{fmt_bytes(b['chunk_bytes'])} {b['raw_set_parts_ratio']['median']:.2f}"
+                f" / {b['raw_set_read_parts_ratio']['median']:.2f}"
+                for b in bw
+            )
+        )
     if vllm:
         summary.update(vllm["summary"])
     print(summary)
