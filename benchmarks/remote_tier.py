@@ -28,8 +28,8 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   256 KiB parts (``raw_set_parts``), and each part first read by the checksum
   (``raw_set_read_parts``), each over the raw SET (``raw_set_in_parts_over_raw_set``,
   ``raw_set_read_in_parts_over_raw_set``: medians per chunk size). Here the second ran
-  1.14-1.20x the raw SET: the kernel copies a part just read into cache faster than a
-  whole value from memory.
+  1.02-1.19x the raw SET (1.15-1.19x at 4 MiB): the kernel copies a part just read into
+  cache faster than a whole value from memory.
   ``page_faults_per_mib`` counts each side's minor page faults: with glibc's defaults the
   raw GET's 32 MiB list of replies lands on fresh pages every batch (~256 a MiB: one per
   4 KiB), kvtier's reads, one reply at a time, do not. ``--keep-freed`` makes glibc keep

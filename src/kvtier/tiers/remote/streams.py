@@ -11,10 +11,11 @@ library (``pack_command``) and replies read by its parser, one at a time:
   its place, so every protocol byte is the library's. Sealing whole values into a buffer
   first (one checksum pass over the staged bytes, then one send) ran at 0.85-0.91 of the
   raw pipelined SET here at 4 MiB values; copied part by part into a buffer, 1.01-1.11;
-  sent from the source, 1.11-1.21 (medians, standalone and cluster). That beats the raw
+  sent from the source, 1.11-1.34 (medians, standalone and cluster). That beats the raw
   SET because a part read once (by the checksum) right before the kernel copies it goes
   faster than the kernel's copy of a whole value from memory: the raw SET's own bytes,
-  read and sent in 256 KiB parts, ran 1.14-1.20x its plain speed.
+  read and sent in 256 KiB parts, ran up to 1.2x its plain speed
+  (``benchmarks/remote_tier.py --sends``).
 - **GETs**: every GET of the batch is sent, then each reply is checked and scattered as
   soon as it is read, and dropped, so its memory is reused for the next (the pipeline held
   all 32 MiB of fresh replies before the first was checked: 0.77-0.84 of the raw pipelined
