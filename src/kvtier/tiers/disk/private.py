@@ -9,8 +9,8 @@ the link and clobbers the target (KV also reveals the prompt it came from). The 
 - The directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and ``fstat``-ed: it must be a
   directory (not a link to one) owned by this process's effective uid and writable by
   nobody else. One we own that others may only read or enter (0755, as older kvtier
-  versions left theirs) is tightened to 0700 and logged; nobody else could have written
-  into it, so its entries are ours.
+  versions left theirs) is tightened to 0700 by the tier (logged; read-only scans use it
+  as it is): nobody else could have written into it, so its entries are ours.
 - Every file is then opened *relative to that fd* (``dir_fd``), so swapping a path component
   for a link after the check changes nothing, with ``O_NOFOLLOW``: a link at a name is
   refused (``ELOOP``), never followed. A file is created only with ``O_CREAT | O_EXCL``,
@@ -63,7 +63,8 @@ def make_private_dirs(path: Path) -> None:
 def open_private_dir(path: Path, *, create: bool = True, tighten: bool = True) -> int:
     """An fd of directory ``path`` (created 0700 when missing and ``create``), checked as
     the module docstring says. ``tighten``: a directory of ours that others may read but not
-    write is chmod-ed to 0700 (readers pass False: they refuse it instead of changing it).
+    write is chmod-ed to 0700; readers pass False and use it as it is (nobody else could
+    have written into it), changing nothing.
 
     Raises :class:`UnsafeDirectory` for a link, another owner or a group/world writable
     directory; ``FileNotFoundError`` when missing and not ``create``; TierUnavailable for
@@ -109,12 +110,7 @@ def _check_dir(fd: int, path: Path, tighten: bool) -> None:
             f"create, replace or link files in it; check what it holds, then chmod 700 {path} "
             "(or use a fresh directory)"
         )
-    if mode & 0o077:
-        if not tighten:
-            raise UnsafeDirectory(
-                f"disk tier directory {path} has mode {mode:04o}: other users may list it; "
-                f"chmod 700 {path}"
-            )
+    if mode & 0o077 and tighten:
         os.fchmod(fd, DIR_MODE)
         log.warning(
             "kvtier disk tier: %s had mode %04o (others could list it); now 0700", path, mode
