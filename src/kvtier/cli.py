@@ -1,4 +1,4 @@
-"""The ``kvtier`` command: ``bench``, ``sim``, ``soak`` and ``inspect``.
+"""The ``kvtier`` command: ``bench``, ``sim``, ``soak``, ``inspect`` and ``purge``.
 
 User mistakes (unknown model path, workload, bad size string...) end in one clear line
 and exit status 2, not a traceback.
@@ -7,12 +7,17 @@ and exit status 2, not a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 from kvtier.errors import ConfigError, KVTierError
+
+_T = TypeVar("_T")
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -66,6 +71,90 @@ def _inspect(args: argparse.Namespace) -> int:
         raise ConfigError(f"inspect: {args.path} is not a directory")
     print(json.dumps(info, indent=2) if args.json else format_inspect(info))
     return 0
+
+
+def _purge(args: argparse.Namespace) -> int:
+    from kvtier.purge import progress_printer, target_of
+
+    if not (args.remote or args.disk):
+        raise ConfigError("purge: give --remote URL and/or --disk PATH")
+    if args.list:
+        return _purge_list(args)
+    target = target_of(
+        args.all, args.model, args.revision, args.layout, args.parallel, args.namespace, args.digest
+    )
+    if target.digest is not None and args.remote and args.disk:
+        raise ConfigError(
+            "purge: --digest selects on one tier at a time (remote names carry the chain "
+            "digest, disk headers a rank digest: see --list)"
+        )
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"purge: {target.describe()}{' (dry run: nothing is removed)' if args.dry_run else ''}")
+    if args.remote:
+        from kvtier.tiers.remote.purge import purge_remote
+
+        with _remote(args.remote) as (client, display):
+            got = _redis_call(
+                display,
+                lambda: purge_remote(
+                    client, target, dry_run=args.dry_run, progress=progress_printer(display)
+                ),
+            )
+        extra = f" ({got.foreign} other keys under the prefix left alone)" if got.foreign else ""
+        print(f"{display}: {verb} {got.chunks} chunks{extra}")
+    if args.disk:
+        from kvtier.tiers.disk.purge import purge_disk
+
+        done = purge_disk(args.disk, target, dry_run=args.dry_run)
+        print(f"{args.disk}: {verb} {done.chunks} chunks in {done.dirs} tier directories")
+    return 0
+
+
+def _purge_list(args: argparse.Namespace) -> int:
+    if args.remote:
+        from kvtier.tiers.remote.purge import namespaces_present
+
+        with _remote(args.remote) as (client, display):
+            counts = _redis_call(display, lambda: namespaces_present(client))
+        print(f"{display}: {sum(counts.values())} kvtier chunks")
+        for ns, n in counts.items():
+            print(f"  --digest {ns}  {n} chunks")
+    if args.disk:
+        from kvtier.tiers.disk.inspect import inspect_dir
+        from kvtier.tiers.disk.purge import tier_dirs
+
+        for d in tier_dirs(Path(args.disk)):
+            info = inspect_dir(d)
+            print(f"{d}: {info.get('valid_chunks', 0)} kvtier chunks")
+            for row in info["namespaces"]:
+                print(f"  --digest {row['namespace']}  {row['chunks']} chunks")
+    return 0
+
+
+@contextlib.contextmanager
+def _remote(url: str) -> Iterator[tuple[Any, str]]:
+    from kvtier.tiers.remote.client import RemoteClient
+    from kvtier.tiers.remote.url import parse_remote_url
+
+    target = parse_remote_url(url)
+    client = RemoteClient(target, timeout_s=30.0)
+    try:
+        yield _redis_call(target.display, lambda: client.client), target.display
+    finally:
+        client.close()
+
+
+def _redis_call(display: str, call: Callable[[], _T]) -> _T:
+    import redis
+    from redis.exceptions import RedisClusterException
+
+    from kvtier.errors import TierUnavailable
+
+    try:
+        return call()
+    except (redis.RedisError, RedisClusterException) as e:
+        # The library's messages name hosts and reasons, never the password.
+        raise TierUnavailable(f"{display}: {type(e).__name__}: {e}") from None
 
 
 def _soak(args: argparse.Namespace) -> int:
@@ -236,6 +325,31 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("path")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_inspect)
+
+    r = sub.add_parser(
+        "purge",
+        help="remove kvtier's chunks (all, or one namespace's) from a remote store / disk tier",
+        description="Remove every kvtier chunk (--all) or one namespace's: by its parts as "
+        "the engine logs them at start (--model, --revision, --layout, --parallel, "
+        "--namespace), or by a digest --list shows. Only kvtier's own keys and files are "
+        "touched; --dry-run counts without removing.",
+    )
+    r.add_argument("--remote", default=None, metavar="URL", help="a Redis/Valkey store")
+    r.add_argument(
+        "--disk", default=None, metavar="PATH", help="a disk tier directory (or a disk_path)"
+    )
+    r.add_argument("--all", action="store_true", help="every kvtier chunk")
+    r.add_argument("--model", default=None, help="the model, as the engine was given it")
+    r.add_argument("--revision", default="", help="the model revision (default: none)")
+    r.add_argument("--layout", default=None, help="the KV layout digest the engine logs")
+    r.add_argument("--parallel", default="tp1pp1", help="parallel layout (default: tp1pp1)")
+    r.add_argument(
+        "--namespace", default="", help="the deployment's namespace text (a tenant; default: '')"
+    )
+    r.add_argument("--digest", default=None, metavar="HEX", help="a digest --list shows")
+    r.add_argument("--dry-run", action="store_true", help="count only; remove nothing")
+    r.add_argument("--list", action="store_true", help="chunks per namespace digest")
+    r.set_defaults(func=_purge)
     return p
 
 

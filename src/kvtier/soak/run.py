@@ -175,7 +175,8 @@ def small_filesystem(size: int) -> Iterator[tuple[str, str]]:
     when this process may not mount: no ENOSPC faults then)."""
     with tempfile.TemporaryDirectory(prefix="kvtier-soak-fs-") as tmp:
         proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", tmp],
+            # mode=0700: a tmpfs root is 1777 by default, which the disk tier refuses.
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", tmp],
             capture_output=True,
             text=True,
         )

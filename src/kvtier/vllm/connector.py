@@ -42,6 +42,7 @@ from kvtier.keys import Namespace
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
+from kvtier.purge import selector_args
 from kvtier.stack.registry import TierContext, build_stack, build_stores
 from kvtier.tiers.disk.kind import rank_dir
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
@@ -180,6 +181,11 @@ class KVTierConnector(KVConnectorBase_V1):
                 # A tier miss or failed copy must mean "recompute", never a failed request.
                 log.info("kvtier: setting kv_load_failure_policy='recompute'")
                 kvt.kv_load_failure_policy = "recompute"
+            log.info(
+                "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
+                s.namespace.chain_digest().hex(),
+                selector_args(s.namespace),
+            )
             log.info(
                 "kvtier: tiers %s, chunks of %d tokens (%d bytes), sync budget %s",
                 ", ".join(f"{t.name} ({len(t.index)} chunks held)" for t in stack.tiers),

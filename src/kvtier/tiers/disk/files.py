@@ -13,19 +13,24 @@ from kvtier.errors import TierUnavailable
 from kvtier.tiers.disk.format import (
     HEADER_BYTES,
     LOCK_NAME,
+    SLAB_PATTERN,
     SUPER_NAME,
     ZERO_HEADER,
     SlabGeometry,
     SlotHeader,
     SlotRecord,
     gc_paused,
-    list_slab_files,
     parse_headers,
     read_header_area,
-    read_superblock,
     records_of,
-    scan_headers,
     slab_file_name,
+)
+from kvtier.tiers.disk.private import (
+    UnsafeDirectory,
+    list_names,
+    open_file,
+    open_private_dir,
+    remove_file,
 )
 from kvtier.tiers.disk.state import SlabState
 
@@ -33,14 +38,16 @@ log = logging.getLogger("kvtier.tiers.disk.slab")
 
 
 class SlabFiles(SlabState):
-    """Opening, formatting, scanning and closing the directory's files."""
+    """Opening, formatting, scanning and closing the directory's files. Every file is
+    opened relative to the directory's fd, never following a link (:mod:`.private`)."""
 
     def _open_geometry(self, file_bytes: int) -> SlabGeometry:
-        found = read_superblock(self.path)
+        dfd = self._dir_fd
+        found = superblock_at(dfd, self.path)
         if found is not None and found.slot_bytes == self.slot_bytes:
             return found
         geo = SlabGeometry.for_slot_bytes(self.slot_bytes, file_bytes)
-        if found is not None or list_slab_files(self.path):
+        if found is not None or slab_files_at(dfd):
             was = f"{found.slot_bytes}-byte slots" if found else "no valid superblock"
             log.warning(
                 "kvtier disk tier: %s holds slab files with %s, not %d-byte slots; "
@@ -50,16 +57,17 @@ class SlabFiles(SlabState):
                 self.slot_bytes,
             )
         try:
-            for fi in list_slab_files(self.path):
-                os.unlink(self.path / slab_file_name(fi))
-            tmp = self.path / (SUPER_NAME + ".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            for fi in slab_files_at(dfd):
+                remove_file(dfd, slab_file_name(fi))  # a link goes, never its target
+            tmp = SUPER_NAME + ".tmp"
+            remove_file(dfd, tmp)  # left by a crash (or planted): made afresh with O_EXCL
+            fd = open_file(dfd, tmp, self.path, write=True, create=True)
             try:
                 os.write(fd, geo.encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, self.path / SUPER_NAME)
+            os.replace(tmp, SUPER_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as e:
             raise TierUnavailable(f"disk tier {self.path}: cannot format: {e}") from e
         return geo
@@ -67,12 +75,13 @@ class SlabFiles(SlabState):
     def _open_files(self) -> None:
         geo = self.geometry
         need = geo.num_files(self.num_slots)
+        dfd = self._dir_fd
         try:
-            for fi in list_slab_files(self.path):
+            for fi in slab_files_at(dfd):
                 if fi >= need:  # capacity shrank: give the space back
-                    os.unlink(self.path / slab_file_name(fi))
+                    remove_file(dfd, slab_file_name(fi))
             for fi in range(need):
-                fd = os.open(self.path / slab_file_name(fi), os.O_RDWR | os.O_CREAT, 0o600)
+                fd = open_file(dfd, slab_file_name(fi), self.path, write=True, create=True)
                 self._fds.append(fd)
             if need:
                 self._trim_last_file(need - 1)
@@ -123,16 +132,31 @@ class SlabFiles(SlabState):
 
         For the scheduler process, which rebuilds its index (:func:`restore_index`) while
         a worker owns the slab: takes no lock, writes nothing. Empty when the directory is
-        missing or formatted for another ``slot_bytes``. Slots at or past ``num_slots``
-        are ignored. A header that validates says nothing yet about its payload: a torn
-        payload is found (and becomes a miss) when it is read.
+        missing or formatted for another ``slot_bytes``, and (logged) when it or a file in
+        it is unsafe (:mod:`kvtier.tiers.disk.private`; never changed here). Slots at or
+        past ``num_slots`` are ignored. A header that validates says nothing yet about its
+        payload: a torn payload is found (and becomes a miss) when it is read.
         """
-        geo = read_superblock(path)
-        if geo is None or geo.slot_bytes != slot_bytes:
+        where = Path(path)
+        try:
+            dfd = open_private_dir(where, create=False, tighten=False)
+        except FileNotFoundError:
             return []
-        with gc_paused():
-            headers = scan_headers(path, geo, num_slots, namespace)
-            return records_of(h for h in headers if h.length == slot_bytes)
+        except UnsafeDirectory as e:
+            log.warning("kvtier disk tier: nothing restored: %s", e)
+            return []
+        try:
+            geo = superblock_at(dfd, where)
+            if geo is None or geo.slot_bytes != slot_bytes:
+                return []
+            with gc_paused():
+                headers = headers_at(dfd, where, geo, num_slots, namespace)
+                return records_of(h for h in headers if h.length == slot_bytes)
+        except UnsafeDirectory as e:
+            log.warning("kvtier disk tier: nothing restored: %s", e)
+            return []
+        finally:
+            os.close(dfd)
 
     def _backing_present(self, slots: Sequence[int]) -> bool:
         """False (and the slab disabled, logged once) if a file the batch touches was
@@ -201,20 +225,81 @@ class SlabFiles(SlabState):
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)  # closing the last descriptor drops the flock
             self._lock_fd = -1
+        if self._dir_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._dir_fd)
+            self._dir_fd = -1
 
 
-def lock_dir(path: Path) -> int:
-    """Create ``path`` if needed and take its exclusive lock; return the lock's fd."""
+def superblock_at(dir_fd: int, where: Path) -> SlabGeometry | None:
+    """The geometry the directory's superblock records; None when absent or invalid.
+    A link or a file another user could write raises :class:`UnsafeDirectory`."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_file(dir_fd, SUPER_NAME, where, write=False, create=False)
+    except FileNotFoundError:
+        return None
+    try:
+        return SlabGeometry.decode(os.pread(fd, 4096, 0))  # a longer file: not ours
+    finally:
+        os.close(fd)
+
+
+def slab_files_at(dir_fd: int) -> list[int]:
+    """Indices of the slab files in the directory (names matching ours only)."""
+    return sorted(int(m.group(1)) for n in list_names(dir_fd) if (m := SLAB_PATTERN.fullmatch(n)))
+
+
+def headers_at(
+    dir_fd: int,
+    where: Path,
+    geometry: SlabGeometry,
+    num_slots: int | None = None,
+    namespace: bytes | None = None,
+) -> list[SlotHeader]:
+    """Valid headers of every slab file in the directory (slots below ``num_slots`` if
+    given; of ``namespace`` if given), one ``pread`` per file. A link or a file another user
+    could write raises :class:`UnsafeDirectory`; an unreadable file counts as empty."""
+    out: list[SlotHeader] = []
+    for fi in slab_files_at(dir_fd):
+        first = fi * geometry.slots_per_file
+        count = geometry.slots_per_file
+        if num_slots is not None:
+            count = geometry.file_slots(fi, num_slots)
+        if count <= 0:
+            continue
+        try:
+            fd = open_file(dir_fd, slab_file_name(fi), where, write=False, create=False)
+        except UnsafeDirectory:
+            raise
+        except OSError:
+            continue
+        try:
+            out.extend(parse_headers(read_header_area(fd, geometry, count), first, namespace))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return out
+
+
+def lock_dir(path: Path) -> tuple[int, int]:
+    """Create ``path`` if needed (0700), check it (:func:`.private.open_private_dir`) and
+    take its exclusive lock; return (directory fd, lock fd)."""
+    dfd = open_private_dir(path)
+    try:
+        fd = open_file(dfd, LOCK_NAME, path, write=True, create=True)
+    except TierUnavailable:
+        os.close(dfd)
+        raise
     except OSError as e:
+        os.close(dfd)
         raise TierUnavailable(f"disk tier directory {path} cannot be used: {e}") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as e:
         owner = lock_owner(fd)
         os.close(fd)
+        os.close(dfd)
         if owner == os.getpid():
             who = "already open in this process (another DiskSlab or DiskTier)"
         else:
@@ -225,11 +310,12 @@ def lock_dir(path: Path) -> int:
         ) from e
     except OSError as e:
         os.close(fd)
+        os.close(dfd)
         raise TierUnavailable(f"disk tier directory {path}: cannot lock {LOCK_NAME}: {e}") from e
     with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return dfd, fd
 
 
 def lock_owner(fd: int) -> int | None:

@@ -132,7 +132,9 @@ class DiskSlab(SlabReads, SlotStore):
         and headers).
 
         Raises TierUnavailable when the directory is locked by another owner or cannot be
-        created or opened.
+        created or opened; its subclass UnsafeDirectory when the directory or a file in it
+        could be read or replaced by another user, or is a symbolic link
+        (:mod:`kvtier.tiers.disk.private`: created 0700, files 0600, no link followed).
         """
         if len(namespace) != KEY_BYTES:
             raise ValueError(f"namespace must be {KEY_BYTES} bytes, got {len(namespace)}")
@@ -155,6 +157,7 @@ class DiskSlab(SlabReads, SlotStore):
         self.unavailable = False
         """True once the backing files were found removed: every operation fails."""
         self._lock_fd = -1
+        self._dir_fd = -1
         self._fds: list[int] = []
         self._closed = False
         self._stats_lock = threading.Lock()
@@ -163,7 +166,7 @@ class DiskSlab(SlabReads, SlotStore):
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         try:
-            self._lock_fd = lock_dir(self.path)
+            self._dir_fd, self._lock_fd = lock_dir(self.path)
             self.geometry = self._open_geometry(file_bytes)
             self._open_files()
         except BaseException:

@@ -76,6 +76,7 @@ class SlabState:
     records: list[SlotRecord]
     geometry: SlabGeometry
     _lock_fd: int
+    _dir_fd: int
     _fds: list[int]
     _closed: bool
     _stats_lock: threading.Lock

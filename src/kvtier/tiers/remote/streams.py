@@ -101,17 +101,24 @@ class _Conns:
 
 class _Out:
     """Bytes bound for one connection, sent in order: pieces of JOIN_BELOW bytes or more go
-    to the socket as they are, shorter ones are copied and joined into one send."""
+    to the socket as they are, shorter ones are copied and joined into one send.
+
+    All of them go to one socket. The library reconnects a connection that was closed
+    before a send (another thread's ``ConnectionPool.disconnect``, a cluster client's
+    ``close``), which would put the rest of a half-sent value at the start of a new
+    session, where the server reads it as commands. So a send finding the socket gone or
+    replaced raises ConnectionError instead; the caller drops the connection."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.held: list[bytes] = []
         self.size = 0
+        self.sock: Any = None  # the socket of the first send; every later one must match
 
     def put(self, piece: Any) -> None:
         if len(piece) >= JOIN_BELOW:
             self.flush()
-            self.conn.send_packed_command([piece], check_health=False)
+            self._send(piece)
             return
         self.held.append(bytes(piece))  # the buffer behind a part is about to be reused
         self.size += len(piece)
@@ -120,8 +127,16 @@ class _Out:
 
     def flush(self) -> None:
         if self.held:
-            self.conn.send_packed_command([b"".join(self.held)], check_health=False)
+            self._send(b"".join(self.held))
             self.held, self.size = [], 0
+
+    def _send(self, data: Any) -> None:
+        if self.sock is not None and self.conn._sock is not self.sock:
+            raise redis.exceptions.ConnectionError(
+                "connection closed while a command was half sent (not resumed on a new one)"
+            )
+        self.conn.send_packed_command([data], check_health=False)
+        self.sock = self.conn._sock
 
 
 def set_streamed(

@@ -1,0 +1,240 @@
+"""``kvtier purge`` on a real redis-server and real disk tier directories: two tenants of one
+model (two ranks each) are written to both tiers, one is purged, exactly its chunks go and
+the other's still load; a dry run removes nothing and reports the count; keys that are not
+kvtier's are never touched."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+
+from kvtier.cli import main
+from kvtier.keys import Namespace, chunk_keys
+from kvtier.purge import selector_args, target_of
+from kvtier.tiers.disk.format import LOCK_NAME, SUPER_NAME
+from kvtier.tiers.disk.slab import DiskSlab
+from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteStore, parse_remote_url
+from kvtier.tiers.remote.keyspace import prefix_of
+from kvtier.tiers.remote.purge import purge_remote
+from redis_fixtures import flush, server  # noqa: F401  (fixture)
+
+SLOT = 8192
+N = 6  # chunks per tenant and rank; SCAN_COUNT is forced small below, so several batches
+WORLD = 2
+A = Namespace("org/model-a@", "layout-1", "tp2pp1", "tenant-1")
+B = Namespace("org/model-a@", "layout-1", "tp2pp1", "tenant-2")
+A_ARGS = ["--model", "org/model-a", "--layout", "layout-1", "--parallel", "tp2pp1"]
+FOREIGN = [b"other:key", b"kvt3:not-a-chunk", prefix_of(A.chain_digest()) + b"junk}:0"]
+
+
+def _keys(ns: Namespace) -> list[bytes]:
+    return chunk_keys(list(range(4 * N)), 4, ns.seed())
+
+
+def _data(ns: Namespace, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((ns.extra, rank)) % 1000)
+    return torch.randint(0, 256, (N, SLOT), dtype=torch.uint8, generator=g)
+
+
+def _segs(t: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
+    return [[(0, row)] for row in t]
+
+
+def _store(url: str, ns: Namespace, rank: int) -> RemoteStore:
+    client = RemoteClient(parse_remote_url(url), timeout_s=5)
+    return RemoteStore(client, KeySpace(ns), SLOT, ns.for_rank(rank).digest(), rank)
+
+
+def _remote_reads(url: str, ns: Namespace) -> list[bool]:
+    got: list[bool] = []
+    for r in range(WORLD):
+        store = _store(url, ns, r)
+        try:
+            out = torch.zeros(N, SLOT, dtype=torch.uint8)
+            ok = store.read([-1] * N, _keys(ns), _segs(out))
+            got += [o and torch.equal(out[i], _data(ns, r)[i]) for i, o in enumerate(ok)]
+        finally:
+            store.close()
+    return got
+
+
+def _slots(ns: Namespace) -> list[int]:
+    return list(range(N)) if ns is A else list(range(N, 2 * N))
+
+
+def _disk_reads(root: Path, ns: Namespace) -> list[bool]:
+    """Each rank's chunks of ``ns`` as a fresh engine finds them: restored, then read."""
+    got: list[bool] = []
+    for r in range(WORLD):
+        with DiskSlab(root / f"tp2-rank{r}", 2 * N, SLOT, ns.for_rank(r).digest(), 1) as slab:
+            found = {rec.key for rec in slab.records}
+            out = torch.zeros(N, SLOT, dtype=torch.uint8)
+            ok = slab.read(_slots(ns), _keys(ns), _segs(out))
+            got += [
+                k in found and o and torch.equal(out[i], _data(ns, r)[i])
+                for i, (k, o) in enumerate(zip(_keys(ns), ok, strict=True))
+            ]
+    return got
+
+
+def _fill(url: str, root: Path) -> redis.Redis:
+    flush(url)
+    raw = redis.Redis.from_url(url)
+    for ns in (A, B):
+        keys = _keys(ns)
+        for r in range(WORLD):
+            store = _store(url, ns, r)
+            try:
+                assert (
+                    store.write([-1] * N, keys, _segs(_data(ns, r)), [None, *keys[:-1]])
+                    == [True] * N
+                )
+            finally:
+                store.close()
+            d = root / f"tp2-rank{r}"
+            with DiskSlab(d, 2 * N, SLOT, ns.for_rank(r).digest(), 1) as slab:
+                assert all(slab.write(_slots(ns), keys, _segs(_data(ns, r)), [None, *keys[:-1]]))
+    for k in FOREIGN:
+        raw.set(k, b"keep me")
+    assert raw.dbsize() == 2 * N * WORLD + len(FOREIGN)
+    return raw
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != LOCK_NAME
+    }
+
+
+@pytest.fixture
+def small_scans(monkeypatch):
+    from kvtier.tiers.remote import purge
+
+    monkeypatch.setattr(purge, "SCAN_COUNT", 5)  # several SCAN batches per purge
+
+
+def test_purge_one_tenant_removes_exactly_its_chunks(server, tmp_path, capsys, small_scans):  # noqa: F811
+    root = tmp_path / "disk"
+    raw = _fill(server.url, root)
+    before, files = raw.dbsize(), _files(root)
+    tenant = [*A_ARGS, "--namespace", "tenant-1"]
+    where = ["--remote", server.url, "--disk", str(root)]
+
+    assert main(["purge", *where, *tenant, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"would remove {N * WORLD} chunks") == 2, out
+    assert raw.dbsize() == before and _files(root) == files
+    assert all(_remote_reads(server.url, A)) and all(_disk_reads(root, A))
+
+    assert main(["purge", *where, *tenant]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"removed {N * WORLD} chunks") == 2, out
+    assert "1 other keys under the prefix left alone" in out
+    assert _remote_reads(server.url, A) == [False] * (N * WORLD)
+    assert _disk_reads(root, A) == [False] * (N * WORLD)
+    assert all(_remote_reads(server.url, B)) and all(_disk_reads(root, B))
+    assert raw.dbsize() == before - N * WORLD
+    assert all(raw.get(k) == b"keep me" for k in FOREIGN)
+    # The purged chunks' bytes are gone from the files, not just unlisted.
+    for r in range(WORLD):
+        blob = (root / f"tp2-rank{r}" / "slab-00000.kvt").read_bytes()
+        assert _data(A, r)[0].numpy().tobytes() not in blob
+        assert _data(B, r)[0].numpy().tobytes() in blob
+
+    # Again: nothing left to remove.
+    assert main(["purge", *where, *tenant]) == 0
+    assert capsys.readouterr().out.count("removed 0 chunks") == 2
+
+    # --all: every kvtier chunk goes, everything else stays.
+    assert main(["purge", *where, "--all", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count(f"would remove {N * WORLD} chunks") == 2
+    assert main(["purge", *where, "--all"]) == 0
+    assert sorted(raw.keys()) == sorted(FOREIGN)
+    assert sorted(os.listdir(root)) == []  # rank directories emptied of kvtier's files, removed
+    raw.close()
+
+
+def test_list_and_digest(server, tmp_path, capsys):  # noqa: F811
+    root = tmp_path / "disk"
+    raw = _fill(server.url, root)
+    assert main(["purge", "--remote", server.url, "--disk", str(root), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert f"--digest {A.chain_digest().hex()}  {N * WORLD} chunks" in out
+    assert f"--digest {A.for_rank(1).digest().hex()}  {N} chunks" in out
+    # A remote digest purges that namespace; a rank digest that rank's disk chunks.
+    assert main(["purge", "--remote", server.url, "--digest", B.chain_digest().hex()]) == 0
+    assert _remote_reads(server.url, B) == [False] * (N * WORLD)
+    assert all(_remote_reads(server.url, A))
+    disk = ["--disk", str(root), "--digest", B.for_rank(1).digest().hex()]
+    assert main(["purge", *disk]) == 0
+    assert _disk_reads(root, B) == [True] * N + [False] * N
+    assert all(_disk_reads(root, A))
+    raw.close()
+
+
+def test_a_directory_in_use_is_refused_and_bad_selections_are_one_line(tmp_path, capsys):
+    root = tmp_path / "disk"
+    with DiskSlab(root, 4, SLOT, A.digest(), 1):
+        assert main(["purge", "--disk", str(root), "--all"]) == 2
+        err = capsys.readouterr().err
+        assert str(root) in err and "stop the engine using it first" in err
+    assert (root / SUPER_NAME).exists()
+    for args, needle in [
+        (["--disk", str(root), "--model", "m"], "--model and --layout together"),
+        (["--disk", str(root), "--namespace", "t"], "--namespace needs --model"),
+        (["--disk", str(root)], "exactly one of"),
+        (["--disk", str(root), "--all", "--digest", "00"], "exactly one of"),
+        (["--disk", str(root), "--digest", "zz"], "not hex"),
+        (["--disk", str(root), "--digest", "00"], "32 hex digits"),
+        (["--disk", str(root), *A_ARGS[:4], "--parallel", "two"], "tpNppM"),
+        (["--all"], "--remote URL and/or --disk PATH"),
+        (["--disk", str(tmp_path / "nope"), "--all"], "not a directory"),
+    ]:
+        assert main(["purge", *args]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1, (args, err)
+
+
+@pytest.mark.parametrize("ns", [A, Namespace("m@rev 1", "l", "tp1pp1", ""), B])
+def test_the_logged_selector_names_the_namespace(ns):
+    """What the engine logs at start (``selector_args``) selects exactly its namespace."""
+    args = shlex.split(selector_args(ns))
+    opts = dict(zip(args[::2], args[1::2], strict=True))
+    target = target_of(
+        False,
+        opts["--model"],
+        opts.get("--revision", ""),
+        opts["--layout"],
+        opts["--parallel"],
+        opts.get("--namespace", ""),
+        None,
+    )
+    assert target.namespace is not None
+    assert target.namespace.chain_digest() == ns.chain_digest()
+
+
+def test_purge_remote_scans_in_batches(server):  # noqa: F811
+    """SCAN batches of COUNT names, each one UNLINK; the count is exact across batches."""
+    flush(server.url)
+    raw = redis.Redis.from_url(server.url)
+    store = _store(server.url, A, 0)
+    try:
+        keys = chunk_keys(list(range(4 * 40)), 4, A.seed())
+        data = torch.zeros(40, SLOT, dtype=torch.uint8)
+        assert all(store.write([-1] * 40, keys, _segs(data)))
+    finally:
+        store.close()
+    target = target_of(True, None, "", None, "tp1pp1", "", None)
+    seen: list[int] = []
+    assert purge_remote(raw, target, dry_run=True, scan_count=7).chunks == 40
+    got = purge_remote(raw, target, scan_count=7, progress=seen.append)
+    assert got.chunks == 40 and raw.dbsize() == 0
+    assert len(seen) >= 40 // 7 and seen[-1] == 40
+    raw.close()
