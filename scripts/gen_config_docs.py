@@ -155,7 +155,9 @@ def type_name(tp: Any) -> str:
         return f"list of {type_name(args[0])}"
     if origin is not None and issubclass(origin, Mapping):
         return "mapping"
-    return {bool: "bool", int: "int", float: "number", str: "string"}.get(tp, str(tp))
+    return {bool: "bool", int: "int", float: "number", str: "string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def size_type(tp: Any) -> str:
@@ -184,7 +186,7 @@ def value_text(value: Any, is_size: bool) -> str:
         return json.dumps(size_text(value))
     if isinstance(value, tuple):
         value = list(value)
-    return json.dumps(value)
+    return json.dumps(value, default=str)
 
 
 def default_of(f: dataclasses.Field[Any]) -> Any:
