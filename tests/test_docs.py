@@ -68,17 +68,30 @@ def test_readme_is_short():
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
+def anchors(page: Path) -> set[str]:
+    """Heading anchors as GitHub and mkdocs make them, plus explicit ``<a id>``s."""
+    text = page.read_text()
+    out = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"^#+ (.+)$", text, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_point_to_existing_files(page):
     broken = []
     for target in LINK.findall(page.read_text()):
-        path = target.split("#", 1)[0]
-        if not path or re.match(r"^[a-z]+:", path):
-            continue  # an anchor on the same page, or a URL
-        resolved = (page.parent / path).resolve()
-        if not resolved.exists() and resolved.name not in PENDING_PAGES:
+        path, _, anchor = target.partition("#")
+        if re.match(r"^[a-z]+:", path):
+            continue  # a URL
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            if resolved.name not in PENDING_PAGES:
+                broken.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(target)
-    assert not broken, f"{page.name}: links to missing files {broken}"
+    assert not broken, f"{page.name}: links to missing files or anchors {broken}"
 
 
 HISTORY = re.compile(
