@@ -51,6 +51,9 @@ NS = Namespace("test-model", "layout-x", "tp1").digest()
 OTHER_NS = Namespace("other-model", "layout-x", "tp1").digest()
 CH = 4096
 
+# Timing limits are benchmarks: only the ``slow`` variant of a test asserts them.
+TIMED = [pytest.param(False, id="exact"), pytest.param(True, id="timed", marks=pytest.mark.slow)]
+
 
 def payload(keys, nbytes=CH):
     """uint8 [len(keys), nbytes]: each row a function of its key."""
@@ -201,7 +204,8 @@ def test_restore_index_places_every_key_in_its_own_slot():
     assert evicted == [k[2]]
 
 
-def test_restore_index_is_linear_in_scattered_long_chains():
+@pytest.mark.parametrize("timed", TIMED)
+def test_restore_index_is_linear_in_scattered_long_chains(timed):
     # A 4096-deep chain plus a 500-deep branch off its middle, in shuffled slots: one
     # reservation per path (a reservation walks the parent's ancestors).
     n = 4600
@@ -217,7 +221,7 @@ def test_restore_index_is_linear_in_scattered_long_chains():
     index.check()
     assert all(index.slot_of(keys[i]) == slots[i] for i in range(n))
     assert index.free_slots == 50
-    assert elapsed < 2.0, f"restore took {elapsed:.2f} s"
+    assert not timed or elapsed < 2.0, f"restore took {elapsed:.2f} s"
 
 
 def test_restorable_is_a_fixpoint_over_chains():
@@ -603,7 +607,8 @@ def test_full_disk_fails_stores_per_chunk(tmpdir_path):
 # -- scans ------------------------------------------------------------------------------------
 
 
-def test_scan_speed_few_thousand_slots(tmpdir_path):
+@pytest.mark.parametrize("timed", TIMED)
+def test_scan_speed_few_thousand_slots(tmpdir_path, timed):
     n_slots, ch = 4096, 4096
     tier = DiskTier(tmpdir_path, n_slots * ch, ch, NS)
     zeros = torch.zeros(16, ch, dtype=torch.uint8)
@@ -622,7 +627,7 @@ def test_scan_speed_few_thousand_slots(tmpdir_path):
     print(
         f"\nscan of {n_slots} slots: {t_scan * 1e3:.1f} ms; open + restore: {t_open * 1e3:.1f} ms"
     )
-    assert t_scan < 2.0 and t_open < 5.0
+    assert not timed or (t_scan < 2.0 and t_open < 5.0)
 
 
 def write_sparse_tier(path, slot_bytes, num_slots, chain_len=16):
@@ -646,7 +651,8 @@ def write_sparse_tier(path, slot_bytes, num_slots, chain_len=16):
     return geo
 
 
-def test_scan_speed_sparse_10gib_tier(tmpdir_path):
+@pytest.mark.parametrize("timed", TIMED)
+def test_scan_speed_sparse_10gib_tier(tmpdir_path, timed):
     slot_bytes, num_slots = 1 << 20, 10 * 1024  # 10 GiB of 1 MiB slots
     write_sparse_tier(tmpdir_path, slot_bytes, num_slots)
     t0 = time.perf_counter()
@@ -662,7 +668,7 @@ def test_scan_speed_sparse_10gib_tier(tmpdir_path):
         f"\n10 GiB sparse tier ({num_slots} x 1 MiB): scan {t_scan * 1e3:.1f} ms, "
         f"open + restore {t_open * 1e3:.1f} ms"
     )
-    assert t_scan < 2.0 and t_open < 10.0
+    assert not timed or (t_scan < 2.0 and t_open < 10.0)
 
 
 def test_inspect_dir_reports_namespaces(tmpdir_path):

@@ -12,11 +12,17 @@ from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer.host_memory import HostBuffer
 
 
-def test_writes_during_warm_up_survive_it():
+# Timing limits are benchmarks: only the ``slow`` variant asserts them.
+@pytest.mark.parametrize(
+    "timed",
+    [pytest.param(False, id="exact"), pytest.param(True, id="timed", marks=pytest.mark.slow)],
+)
+def test_writes_during_warm_up_survive_it(timed):
     nbytes = 512 << 20
     t0 = time.perf_counter()
     buf = HostBuffer(nbytes, spans=[(o, 8 << 20) for o in range(0, nbytes, 8 << 20)])
-    assert time.perf_counter() - t0 < 0.5, "construction must not touch every page"
+    built = time.perf_counter() - t0
+    assert not timed or built < 0.5, "construction must not touch every page"
     gen = torch.Generator().manual_seed(1)
     # Write all over the buffer while the warm-up walks it, ahead of and behind its front.
     marks = {}

@@ -599,12 +599,12 @@ def test_a_dead_server_is_a_fast_miss_and_a_restarted_one_is_used_again():
             data = payload(4, 11)
             assert h.stores[0].write([-1] * 4, keys, segs(data)) == [True] * 4
             s.kill()
-            t0 = time.monotonic()
             out = torch.zeros(4, CHUNK_BYTES, dtype=torch.uint8)
             assert h.stores[0].read([-1] * 4, keys, segs(out)) == [False] * 4
+            # The breaker is open: until it closes, calls answer "miss" without a network wait.
+            assert not h.stores[0].client.available
             assert probe(h.index, keys) == 0
             assert h.stores[0].write([-1] * 4, keys, segs(data)) == [False] * 4
-            assert time.monotonic() - t0 < 2.0
             s.start()  # empty: no persistence
             time.sleep(1.1)  # the breaker closes
             assert probe(h.index, keys) == 0
@@ -651,10 +651,9 @@ def test_a_slow_server_times_out_into_misses(server):  # noqa: F811
         )
         sleeper.start()
         time.sleep(0.1)
-        t0 = time.monotonic()
         out = torch.zeros(3, CHUNK_BYTES, dtype=torch.uint8)
+        # Misses, not a read that waited out the server's 1 s sleep and then succeeded.
         assert h.stores[0].read([-1] * 3, keys, segs(out)) == [False] * 3
-        assert time.monotonic() - t0 < 0.6
         sleeper.join()
         time.sleep(1.1)
         assert h.stores[0].read([-1] * 3, keys, segs(out)) == [True] * 3
@@ -670,11 +669,10 @@ def test_probe_answers_pending_instead_of_blocking(server):  # noqa: F811
         index = RemoteIndex(RemoteClient(parse_remote_url(server.url)), KeySpace(NAMESPACE), 1, 0.0)
         server.pause()
         try:
-            t0 = time.monotonic()
             from kvtier.tiers.base import PENDING
 
+            # A probe that blocked on the paused server would end in a count, not PENDING.
             assert index.leading(keys, 0) is PENDING
-            assert time.monotonic() - t0 < 0.05
         finally:
             server.resume()
         assert probe(index, keys) == 4

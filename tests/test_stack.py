@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig, SyncBudget
@@ -255,12 +255,20 @@ def test_shared_tier_keys_vanishing_become_recompute(url):
         b.close()
 
 
-@settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 10_000), evict=st.sampled_from([0.0, 0.3, 1.0]))
-def test_random_traffic_with_a_store_evicting_behind_our_back(seed, evict):
+def test_random_traffic_with_a_store_evicting_behind_our_back():
     """Random prompts sharing prefixes through an 8-chunk CPU tier over a 24-value shared
     tier that a second engine also writes and that drops random keys between steps: every
-    hit carries the oracle KV, nothing leaks."""
+    hit carries the oracle KV, nothing leaks, and the examples did load from the shared
+    tier (a run that only missed would prove nothing)."""
+    shared_hits: list[int] = []
+    random_traffic_with_evictions(shared_hits)
+    assert sum(shared_hits) > 0, f"no example hit the shared tier: {shared_hits}"
+
+
+@settings(max_examples=15, deadline=None)
+@example(seed=0, evict=0.0)  # always one example without evictions
+@given(seed=st.integers(0, 10_000), evict=st.sampled_from([0.0, 0.3, 1.0]))
+def random_traffic_with_evictions(shared_hits: list[int], seed: int, evict: float) -> None:
     rng = random.Random(seed)
     name = f"memory://hyp-{seed}-{uuid.uuid4().hex}"
     a = MiniEngine(shared_cfg(name, budget="off"), num_blocks=128, seed=seed)
@@ -284,6 +292,9 @@ def test_random_traffic_with_a_store_evicting_behind_our_back(seed, evict):
             cpu = e.manager.tiers[0].index
             cpu.check()
             assert all(not ent.pins for ent in cpu._entries.values()), "a pin leaked"
+        shared_hits.append(
+            sum(r.sources.get(HitSource.P2P, 0) for e in (a, b) for r in e.reqs.values())
+        )
     finally:
         a.close()
         b.close()
@@ -302,9 +313,7 @@ def test_delayed_lookups_ask_again_and_never_block(url):
         prompt = list(range(40)) + [1]
         run_one(a, "a", prompt)
         r = b.add("b", prompt)
-        t0 = time.monotonic()
-        b.step()
-        assert time.monotonic() - t0 < 0.25, "a lookup waited for the probe"
+        b.step()  # a lookup that waited for the probe would have found the hit: blocks allocated
         assert r in b.waiting and not r.blocks, "the request was scheduled before its lookup"
         b.run()
         index = b.manager.tiers[1].index
