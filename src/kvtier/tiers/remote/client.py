@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import hiredis
 import numpy as np
@@ -35,6 +35,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvtier.tiers.remote.keyspace import TAG_CHARS
+from kvtier.tiers.remote.secrets import TLSFiles
 from kvtier.tiers.remote.streams import Consume, Parts, exists_each, get_each, set_streamed
 from kvtier.tiers.remote.url import RemoteTarget
 
@@ -103,6 +104,8 @@ class RemoteClient:
 
     Thread-safe (redis-py pools connections per thread of use). ``timeout_s`` bounds every
     network wait of a call; ``max_connections`` bounds the pool (per node for a cluster).
+    ``tls`` applies to a ``rediss`` target only (default: the system's CAs, hostname
+    checked, no client certificate); the same settings reach every cluster node.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class RemoteClient:
         timeout_s: float = 0.5,
         max_connections: int = 16,
         backoff_s: float = 1.0,
+        tls: TLSFiles | None = None,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
@@ -129,7 +133,7 @@ class RemoteClient:
             "max_connections": max_connections,
             "health_check_interval": 0,
         }
-        kw["connection_class"] = _SSLConnection if target.tls else _Connection
+        kw["connection_class"] = _tls_class(tls or TLSFiles()) if target.tls else _Connection
         self._kw = kw
         self._client: Any = None
         if not target.cluster:
@@ -446,4 +450,14 @@ class _Connection(_PlainValues, redis.Connection):
 
 
 class _SSLConnection(_PlainValues, redis.SSLConnection):
-    pass
+    tls: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **kw: Any) -> None:
+        # The TLS settings ride on the class, not in the pool's keyword arguments: the
+        # sync cluster client forwards only the keys it knows to its nodes' pools (which
+        # ones depends on the library's version), but it keeps connection_class.
+        super().__init__(**{**kw, **self.tls})
+
+
+def _tls_class(tls: TLSFiles) -> type[_SSLConnection]:
+    return type("_TLSConnection", (_SSLConnection,), {"tls": tls.connection_kwargs()})

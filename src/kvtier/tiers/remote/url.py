@@ -109,7 +109,7 @@ def parse_remote_url(
     if auth:
         user, colon, pw = auth.partition(":")
         username = unquote(user) or None
-        password = unquote(pw) if colon else None
+        password = (unquote(pw) or None) if colon else None  # "user:@h": from env/file
         if not colon:  # redis://secret@host: a bare credential is a password
             username, password = None, unquote(user)
     masked = f"{scheme}://{'***@' if auth else ''}{hostpart}"
