@@ -2,7 +2,8 @@
 tests of TLS against a real ``redis-server`` on loopback.
 
 EC P-256 keys, valid one day; the server certificate names ``localhost`` and ``127.0.0.1``
-(DNS and IP subjectAltNames), so a client connecting to either passes the hostname check.
+(DNS and IP subjectAltNames) unless told otherwise, so a client connecting to either passes
+the hostname check.
 Keys are written unencrypted with mode 0600 into the directory given; nothing else is kept.
 """
 
@@ -47,8 +48,13 @@ def _leaf(d: Path, name: str, subject: str, ext: str) -> None:
     )
 
 
-def make_certs(directory: Path, cn: str = "kvtier-test-ca") -> TLSCerts:
-    """A fresh CA named ``cn`` and its two leaf certificates under ``directory`` (created)."""
+def make_certs(
+    directory: Path,
+    cn: str = "kvtier-test-ca",
+    server_names: str = "DNS:localhost,IP:127.0.0.1",
+) -> TLSCerts:
+    """A fresh CA named ``cn`` and its two leaf certificates under ``directory`` (created);
+    the server's certificate has the subjectAltNames ``server_names``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     _openssl(
@@ -62,7 +68,7 @@ def make_certs(directory: Path, cn: str = "kvtier-test-ca") -> TLSCerts:
         d,
         "server",
         "/CN=localhost",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        f"subjectAltName={server_names}\nextendedKeyUsage=serverAuth\n",
     )
     _leaf(d, "client", "/CN=kvtier-client", "extendedKeyUsage=clientAuth\n")
     for key in d.glob("*.key"):

@@ -8,6 +8,7 @@ Always shared and last in the stack: the scheduler side gets a :class:`RemoteInd
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from kvtier.sources import HitSource
 from kvtier.stack.registry import TierContext, TierKind
@@ -28,7 +29,11 @@ def client_for(spec: TierSpec) -> RemoteClient:
     """A client on the spec's store: the password from the URL, ``password_file`` or the
     environment (in that order), the TLS files of the spec."""
     assert spec.url
-    target = parse_remote_url(spec.url, password_env=spec.password_env or PASSWORD_ENV)
+    password_env = spec.password_env or PASSWORD_ENV
+    env = dict(os.environ)
+    if spec.password_file:  # the file wins over the environment
+        env.pop(password_env, None)
+    target = parse_remote_url(spec.url, password_env=password_env, environ=env)
     if spec.password_file and not target.password:
         target = dataclasses.replace(target, password=read_password(spec.password_file))
     return RemoteClient(target, timeout_s=spec.timeout_ms / 1e3, tls=tls_files(spec))
