@@ -226,19 +226,19 @@ def parse_tier(data: object, name: str, first: bool) -> TierSpec:
         raise ConfigError(
             f"{name}: expected a mapping with at least 'kind', got a {type(data).__name__}"
         )
-    kind = data.get("kind")
-    accepted = _KIND_KEYS.get(kind, tuple(_FIELDS)) if isinstance(kind, str) else tuple(_FIELDS)
+    kind = str(data.get("kind"))
+    narrow = kind in _KIND_KEYS
+    accepted = _KIND_KEYS[kind] if narrow else tuple(_FIELDS)
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
-        what = f"for a {kind} tier" if kind in _KIND_KEYS else ""
         raise ConfigError(
             f"{name}: unknown key(s) {', '.join(map(repr, unknown))}; accepted keys"
-            f"{' ' + what if what else ''}: {', '.join(sorted(accepted))}"
+            f"{f' for a {kind} tier' if narrow else ''}: {', '.join(sorted(accepted))}"
         )
     if "kind" not in data:
         raise ConfigError(f"{name}: 'kind' is required")
     misplaced = sorted(set(data) - set(accepted) - set(_TOLERATED.get(kind, ())))
-    if kind in _KIND_KEYS and misplaced:
+    if narrow and misplaced:
         raise ConfigError(
             f"{name}: {', '.join(misplaced)} do(es) not apply to a {kind} tier; accepted keys: "
             f"{', '.join(sorted(accepted))}"
@@ -286,7 +286,7 @@ _REMOTE_KEYS = (
 _COMMON_KEYS = ("kind", "name", "capacity", "eviction", "source", *_EDGE_KEYS)
 _KIND_KEYS: dict[str, tuple[str, ...]] = {"redis": (*_COMMON_KEYS, *_REMOTE_KEYS)}
 """What a kind accepts, where it is narrower than every key (the error lists these)."""
-_TOLERATED = {"redis": ("shared", "lookup_delay_ms")}
+_TOLERATED: dict[str, tuple[str, ...]] = {"redis": ("shared", "lookup_delay_ms")}
 """Keys a kind accepts without listing them: a redis tier is always shared, and its
 lookup_delay_ms gets its own error below."""
 
