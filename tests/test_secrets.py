@@ -137,8 +137,18 @@ def test_password_from_env_or_file_authenticates(locked, tmp_path, monkeypatch, 
     assert tier_roundtrip({**base, "password_file": str(pw)}, seed=3) == ALL  # file wins
     pw.write_text("not-it\n")
     assert tier_roundtrip({**base, "password_file": str(pw)}, seed=4) == MISS
-    spec = config({**base, "password_file": str(pw)}).tiers[1]
-    assert SECRET not in repr(spec) and SECRET not in repr(client_for(spec).target)
+    monkeypatch.setenv("KVTIER_REDIS_PASSWORD", SECRET)
+    spec = config(base).tiers[1]
+    client = client_for(spec)
+    assert client.target.password == SECRET  # it is there, and no repr shows it:
+    shown = [
+        repr(spec),
+        repr(client.target),
+        repr(client.client),
+        repr(client.client.connection_pool),
+    ]
+    assert not [r for r in shown if SECRET in r], shown  # the library's own from redis 7.4
+    client.close()
     text = caplog.text + "".join(str(r.args) for r in caplog.records)
     assert "remote tier" in text and SECRET not in text and "not-it" not in text
 
