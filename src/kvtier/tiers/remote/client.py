@@ -22,7 +22,6 @@ from __future__ import annotations
 import binascii
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -104,8 +103,6 @@ class RemoteClient:
 
     Thread-safe (redis-py pools connections per thread of use). ``timeout_s`` bounds every
     network wait of a call; ``max_connections`` bounds the pool (per node for a cluster).
-    ``tls`` applies to a ``rediss`` target only (default: the system's CAs, hostname
-    checked, no client certificate); the same settings reach every cluster node.
     """
 
     def __init__(
@@ -121,7 +118,6 @@ class RemoteClient:
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self._down_until = 0.0
-        self._lock = threading.Lock()
         self._script_sha: str | None = None
         self._script_ok = True
         kw: dict[str, Any] = {
@@ -132,9 +128,8 @@ class RemoteClient:
             "retry": Retry(NoBackoff(), 0),
             "max_connections": max_connections,
             "health_check_interval": 0,
+            "connection_class": _connection_class(target, tls),
         }
-        tls_class = tls_connection_class(tls or TLSFiles())
-        kw["connection_class"] = tls_class if target.tls else _Connection
         self._kw = kw
         self._client: Any = None
         if not target.cluster:
@@ -402,6 +397,12 @@ class RemoteClient:
         if self._client is not None:
             with contextlib.suppress(Exception):  # already gone: nothing to release
                 self._client.close()
+
+
+def _connection_class(target: RemoteTarget, tls: TLSFiles | None) -> type[Any]:
+    """Every pool's connections: TLS with ``tls``'s files (default: the system's CAs,
+    hostname checked) for a ``rediss`` target, on every cluster node too; else plaintext."""
+    return tls_connection_class(tls or TLSFiles()) if target.tls else _Connection
 
 
 def _names(prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> list[bytes]:
