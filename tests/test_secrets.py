@@ -69,6 +69,18 @@ def test_no_url_puts_its_password_into_an_error_or_repr(pw, scheme, user, encode
         assert form[:4] not in text and form[-4:] not in text, (url, text)
 
 
+@pytest.mark.parametrize(
+    "url", [f"redis://alice:{SECRET}@h:1", f"redis://:{SECRET}@a:1,redis://:{SECRET}@b:2"]
+)
+def test_a_config_repr_masks_the_url(url):
+    cfg = config({"kind": "redis", "url": url, "ttl_s": 5})
+    shown = repr(cfg)
+    assert SECRET not in shown and "ttl_s=5" in shown and ":***@" in shown
+    assert cfg.tiers[1].url == url and cfg.to_dict()["tiers"][1]["url"] == url  # whole there
+    odd = TierSpec("memory", url=f"memory://{SECRET}@x")
+    assert SECRET not in repr(odd) and "***@x" in repr(odd)
+
+
 def test_config_errors_never_echo_a_tier_entry(caplog):
     url = f"redis://:{SECRET}@h:1"
     for bad in (

@@ -101,6 +101,14 @@ class TierSpec:
     def label(self) -> str:
         return self.name or self.kind
 
+    def __repr__(self) -> str:
+        """The fields that differ from their defaults, the URL's credentials masked (a
+        config is printed in logs and tracebacks; :meth:`to_dict` keeps the URL whole)."""
+        shown = self.to_dict()
+        if self.url:
+            shown["url"] = masked_url(self.url)
+        return f"TierSpec({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults (what parse_tier accepts back)."""
         return {
@@ -108,6 +116,20 @@ class TierSpec:
             for f in dataclasses.fields(self)
             if f.name == "kind" or getattr(self, f.name) != f.default
         }
+
+
+def masked_url(url: str) -> str:
+    """``url`` as logs may show it: a remote URL's display form, anything else with
+    whatever precedes its last ``@`` replaced by ``***``."""
+    from kvtier.tiers.remote.url import parse_remote_url
+
+    try:
+        return parse_remote_url(url, environ={}).display
+    except ConfigError:
+        if "@" not in url:
+            return url
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme + sep if sep and '@' not in scheme else ''}***@{url.rsplit('@', 1)[1]}"
 
 
 def _text(value: object, name: str) -> str:
