@@ -1,7 +1,7 @@
 # kvtier: `make bench` runs the main job, `make test` the test suite; both set up .venv first.
 PY := .venv/bin/python
 
-.PHONY: setup test test-all lint bench clean
+.PHONY: setup test test-all test-floors lint bench clean
 
 setup:
 	@scripts/setup.sh
@@ -11,6 +11,10 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest -q -m "slow or not slow"
+
+# The remote tier's tests on the oldest redis / hiredis pyproject.toml allows (temporary dir).
+test-floors: setup
+	scripts/test_floors.sh
 
 lint: setup
 	.venv/bin/ruff check src tests benchmarks

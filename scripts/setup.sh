@@ -7,17 +7,19 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.kvtier-setup
-# The remote tier's tests and benchmarks start their own redis-server (Debian's package).
+# The remote tier's tests and benchmarks start their own redis-server (Debian's package);
+# the TLS tests make their certificates with the openssl CLI.
 # Checked on every run (cheap), before the venv stamp: a cached venv does not bring it.
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 ||
+  ! command -v openssl >/dev/null 2>&1; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO=$(command -v sudo || true)
   if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
     export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get install -y -q redis-server >/dev/null ||
-      { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q redis-server >/dev/null; }
+    $SUDO apt-get install -y -q redis-server openssl >/dev/null ||
+      { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q redis-server openssl >/dev/null; }
   else
-    echo "setup: redis-server is missing; install Debian's redis-server package" >&2
+    echo "setup: redis-server or openssl is missing; install Debian's redis-server and openssl packages" >&2
   fi
 fi
 want=$(sha256sum scripts/setup.sh pyproject.toml src/kvtier/tiers/disk/_slabio.c | sha256sum | cut -c1-16)

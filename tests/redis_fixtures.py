@@ -9,7 +9,14 @@ import redis
 
 from kvtier.keys import Key
 from kvtier.testing.redis_server import RedisCluster, RedisServer, redis_available
-from kvtier.testing.shared_conformance import CHUNK_BYTES, NAMESPACE, SharedHarness
+from kvtier.testing.shared_conformance import (
+    CHUNK_BYTES,
+    NAMESPACE,
+    SharedHarness,
+    chain,
+    payload,
+    segs,
+)
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 
 if not redis_available():  # scripts/setup.sh installs it; without it these tests cannot run
@@ -80,3 +87,31 @@ def harness(url: str, world: int, timeout_ms: float = 500) -> SharedHarness:
         make_store,
         close,
     )
+
+
+def tier_roundtrip(entry: dict[str, object], n: int = 3, seed: int = 0) -> tuple[list[bool], int]:
+    """A redis tier built from the config ``entry`` (as vLLM's extra config gives it):
+    store ``n`` chunks through its store, probe them through its index, read them back
+    into fresh memory. Returns each chunk's read success (True only when the bytes read
+    equal the bytes stored) and the probe's leading count."""
+    import torch
+
+    from kvtier.config import KVTierConfig
+    from kvtier.testing.shared_conformance import probe
+    from kvtier.tiers.remote.kind import client_for
+
+    spec = KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, entry]}).tiers[1]
+    space = KeySpace(NAMESPACE)
+    store = RemoteStore(client_for(spec), space, CHUNK_BYTES, NAMESPACE.digest())
+    index = RemoteIndex(client_for(spec), space, 1, wait_s=0.002)
+    try:
+        keys, data = chain(n, salt=seed), payload(n, seed)
+        store.write([-1] * n, keys, segs(data))
+        leading = probe(index, keys)
+        out = torch.zeros_like(data)
+        ok = store.read([-1] * n, keys, segs(out))
+        same = [o and bool(torch.equal(a, b)) for o, a, b in zip(ok, out, data, strict=True)]
+        return same, leading
+    finally:
+        index.close()
+        store.close()

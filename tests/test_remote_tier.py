@@ -547,7 +547,7 @@ def test_large_values_go_to_the_socket_as_they_are(where, request):
 
 
 def test_a_cluster_with_a_password_is_used_with_it_and_misses_without():
-    """The cluster client is built from its first seed's URL (see ``_cluster_client``):
+    """The cluster client is built from its first seed's URL (see ``library.cluster_client``):
     credentials still reach every node, and wrong ones are misses, never errors."""
     secret = "cluster-secret-42"
     with RedisCluster(3, password=secret) as c:

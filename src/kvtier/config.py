@@ -202,7 +202,8 @@ def _tiers(value: object, name: str) -> tuple[TierSpec, ...]:
     if value is None:
         return ()
     if isinstance(value, Mapping) or not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{name}: expected a list of tier mappings, got {value!r}")
+        # The type only: the value may hold a URL with a password in it.
+        raise ConfigError(f"{name}: expected a list of tier mappings, got a {type(value).__name__}")
     return parse_tiers(value, name)
 
 

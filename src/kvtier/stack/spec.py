@@ -65,6 +65,21 @@ class TierSpec:
     password_env: str | None = None
     """Remote tiers: environment variable holding the password when the URL has none
     (default ``KVTIER_REDIS_PASSWORD``; the user, ``KVTIER_REDIS_USERNAME``)."""
+    password_file: str | None = None
+    """Remote tiers: a file holding the password (one line; a trailing newline is
+    dropped), read when the tier's clients are built; wins over ``password_env``. The URL
+    must then carry no password."""
+    ssl_ca: str | None = None
+    """Remote tiers over TLS (``rediss://``): PEM file of the CA(s) the server's
+    certificate must chain to; None: the system's trust store."""
+    ssl_cert: str | None = None
+    """Remote tiers over TLS: PEM client certificate (mutual TLS, the server's
+    ``tls-auth-clients yes``); needs ``ssl_key``."""
+    ssl_key: str | None = None
+    """Remote tiers over TLS: PEM private key of ``ssl_cert`` (unencrypted)."""
+    ssl_check_hostname: bool = True
+    """Remote tiers over TLS: the server's certificate must name the URL's host (a DNS or
+    IP subjectAltName); false only for certificates that name no usable host."""
     ttl_s: int = 0
     """Remote tiers: expire stored chunks after this many seconds (0: never; the server's
     ``maxmemory`` + ``allkeys-lru`` evicts)."""
@@ -86,6 +101,14 @@ class TierSpec:
     def label(self) -> str:
         return self.name or self.kind
 
+    def __repr__(self) -> str:
+        """The fields that differ from their defaults, the URL's credentials masked (a
+        config is printed in logs and tracebacks; :meth:`to_dict` keeps the URL whole)."""
+        shown = self.to_dict()
+        if self.url:
+            shown["url"] = masked_url(self.url)
+        return f"TierSpec({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults (what parse_tier accepts back)."""
         return {
@@ -93,6 +116,20 @@ class TierSpec:
             for f in dataclasses.fields(self)
             if f.name == "kind" or getattr(self, f.name) != f.default
         }
+
+
+def masked_url(url: str) -> str:
+    """``url`` as logs may show it: a remote URL's display form, anything else with
+    whatever precedes its last ``@`` replaced by ``***``."""
+    from kvtier.tiers.remote.url import parse_remote_url
+
+    try:
+        return parse_remote_url(url, environ={}).display
+    except ConfigError:
+        if "@" not in url:
+            return url
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme + sep if sep and '@' not in scheme else ''}***@{url.rsplit('@', 1)[1]}"
 
 
 def _text(value: object, name: str) -> str:
@@ -189,6 +226,11 @@ _FIELDS: dict[str, Any] = {
     "timeout_ms": _ms,
     "probe_wait_ms": _ms,
     "password_env": _opt_text,
+    "password_file": _opt_text,
+    "ssl_ca": _opt_text,
+    "ssl_cert": _opt_text,
+    "ssl_key": _opt_text,
+    "ssl_check_hostname": _flag,
     "ttl_s": _seconds,
     "source": _source,
     "on_store": _choice(ON_STORE),
@@ -202,16 +244,27 @@ def parse_tier(data: object, name: str, first: bool) -> TierSpec:
     """One ``tiers`` entry; ConfigError naming ``name.key`` on anything wrong."""
     if isinstance(data, TierSpec):
         return data
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{name}: expected a mapping with at least 'kind', got {data!r}")
+    if not isinstance(data, Mapping):  # not echoed: a URL given here may carry a password
+        raise ConfigError(
+            f"{name}: expected a mapping with at least 'kind', got a {type(data).__name__}"
+        )
+    kind = str(data.get("kind"))
+    narrow = kind in _KIND_KEYS
+    accepted = _KIND_KEYS[kind] if narrow else tuple(_FIELDS)
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise ConfigError(
-            f"{name}: unknown key(s) {', '.join(map(repr, unknown))}; accepted keys: "
-            f"{', '.join(sorted(_FIELDS))}"
+            f"{name}: unknown key(s) {', '.join(map(repr, unknown))}; accepted keys"
+            f"{f' for a {kind} tier' if narrow else ''}: {', '.join(sorted(accepted))}"
         )
     if "kind" not in data:
         raise ConfigError(f"{name}: 'kind' is required")
+    misplaced = sorted(set(data) - set(accepted) - set(_TOLERATED.get(kind, ())))
+    if narrow and misplaced:
+        raise ConfigError(
+            f"{name}: {', '.join(misplaced)} do(es) not apply to a {kind} tier; accepted keys: "
+            f"{', '.join(sorted(accepted))}"
+        )
     if first:
         edge = sorted(set(_EDGE_KEYS) & set(data))
         if edge:
@@ -225,7 +278,7 @@ def parse_tier(data: object, name: str, first: bool) -> TierSpec:
         raise ConfigError(f"{name}.path: a disk tier needs a directory")
     if spec.kind == "redis":
         return _remote(spec, name)
-    remote_only = sorted(k for k in _REMOTE_KEYS if k in data)
+    remote_only = sorted(k for k in _REMOTE_KEYS if k in data and k != "url")
     if remote_only:
         raise ConfigError(
             f"{name}: {', '.join(remote_only)} apply to the redis kind only (got {spec.kind!r})"
@@ -239,7 +292,25 @@ def parse_tier(data: object, name: str, first: bool) -> TierSpec:
     return spec
 
 
-_REMOTE_KEYS = ("timeout_ms", "probe_wait_ms", "password_env", "ttl_s")
+_REMOTE_KEYS = (
+    "url",
+    "timeout_ms",
+    "probe_wait_ms",
+    "password_env",
+    "password_file",
+    "ssl_ca",
+    "ssl_cert",
+    "ssl_key",
+    "ssl_check_hostname",
+    "ttl_s",
+)
+"""Keys of the redis kind alone (``url`` is the memory kind's too)."""
+_COMMON_KEYS = ("kind", "name", "capacity", "eviction", "source", *_EDGE_KEYS)
+_KIND_KEYS: dict[str, tuple[str, ...]] = {"redis": (*_COMMON_KEYS, *_REMOTE_KEYS)}
+"""What a kind accepts, where it is narrower than every key (the error lists these)."""
+_TOLERATED: dict[str, tuple[str, ...]] = {"redis": ("shared", "lookup_delay_ms")}
+"""Keys a kind accepts without listing them: a redis tier is always shared, and its
+lookup_delay_ms gets its own error below."""
 
 
 def _remote(spec: TierSpec, name: str) -> TierSpec:
@@ -249,9 +320,13 @@ def _remote(spec: TierSpec, name: str) -> TierSpec:
     from kvtier.tiers.remote.url import parse_remote_url
 
     try:
-        parse_remote_url(spec.url, environ={})
+        target = parse_remote_url(spec.url, environ={})
     except ConfigError as e:  # its message starts "url: ..." and masks credentials
         raise ConfigError(f"{name}.{e}") from None
+    from kvtier.tiers.remote.secrets import check_secrets, check_tls
+
+    check_secrets(spec, target, name)
+    check_tls(spec, target, name)
     if spec.lookup_delay_ms:
         raise ConfigError(f"{name}.lookup_delay_ms: a redis tier waits for real (probe_wait_ms)")
     return dataclasses.replace(spec, shared=True)

@@ -5,6 +5,11 @@ Every server binds 127.0.0.1 on a free port, keeps no persistence (``--save ''
 context manager) ends it, and :func:`atexit` stops whatever a crashed test left behind, so
 no server outlives the process that started it. Needs ``redis-server`` and ``redis-cli``
 on the PATH (``scripts/setup.sh`` installs them).
+
+``tls`` (a :class:`~kvtier.testing.tls_certs.TLSCerts`) serves TLS only (``--port 0``,
+``--tls-port``), requiring a client certificate from the same CA; ``acl`` lines
+(``user NAME on >PASSWORD ~pattern +command ...``) go into an ACL file beside the default
+user, which stays the tests' unrestricted administrator (or takes ``password``).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from kvtier.testing.tls_certs import TLSCerts
 
 _LIVE: set[RedisServer] = set()
 
@@ -48,10 +56,16 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port pair found")
 
 
-def _ping(port: int, password: str | None = None) -> bool:
+def _ping(port: int, password: str | None = None, tls: TLSCerts | None = None) -> bool:
     """One RESP PING over a raw socket (start-up probe only; clients use the library)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as raw:
+            s: socket.socket = raw
+            if tls:
+                ctx = ssl.create_default_context(cafile=str(tls.ca))
+                ctx.load_cert_chain(str(tls.client_cert), str(tls.client_key))
+                ctx.check_hostname = False  # a probe of our own server; tests check names
+                s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
             if password:
                 s.sendall(f"AUTH {password}\r\n".encode())
                 s.recv(64)
@@ -73,8 +87,12 @@ class RedisServer:
         cluster: bool = False,
         port: int | None = None,
         extra: Sequence[str] = (),
+        tls: TLSCerts | None = None,
+        acl: Sequence[str] = (),
     ) -> None:
         self.port = port or free_port()
+        self.tls = tls
+        self.acl = list(acl)
         self.maxmemory = maxmemory
         self.policy = policy
         self.password = password
@@ -86,13 +104,24 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def cli(self) -> list[str]:
+        """``redis-cli`` arguments reaching this server as its administrator."""
+        a = ["-p", str(self.port)]
+        if self.tls:
+            t = self.tls
+            a += ["--tls", "--cacert", str(t.ca), "--cert", str(t.client_cert)]
+            a += ["--key", str(t.client_key)]
+        if self.password:
+            a += ["-a", self.password, "--no-auth-warning"]
+        return a
 
     def args(self) -> list[str]:
         a = [
             "redis-server",
             "--port",
-            str(self.port),
+            "0" if self.tls else str(self.port),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -112,6 +141,18 @@ class RedisServer:
             a += ["--maxmemory", self.maxmemory, "--maxmemory-policy", self.policy]
         if self.password:
             a += ["--requirepass", self.password]
+        if self.tls:
+            t = self.tls
+            a += ["--tls-port", str(self.port), "--tls-cert-file", str(t.server_cert)]
+            a += ["--tls-key-file", str(t.server_key), "--tls-ca-cert-file", str(t.ca)]
+            a += ["--tls-auth-clients", "yes"]
+            if self.cluster:
+                a += ["--tls-cluster", "yes"]
+        if self.acl:
+            acl = self.dir / "users.acl"
+            acl.write_text("".join(line + "\n" for line in self.acl))
+            acl.chmod(0o600)
+            a += ["--aclfile", str(acl)]
         if self.cluster:
             a += [
                 "--cluster-enabled",
@@ -135,7 +176,7 @@ class RedisServer:
         )
         _LIVE.add(self)
         deadline = time.monotonic() + 10
-        while not _ping(self.port, self.password):
+        while not _ping(self.port, self.password, self.tls):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
                 self.stop()
@@ -182,32 +223,36 @@ class RedisServer:
 
 class RedisCluster:
     """``masters`` cluster-enabled servers joined into one Redis Cluster (no replicas;
-    ``cluster-require-full-coverage no``, so losing a master loses only its slots)."""
+    ``cluster-require-full-coverage no``, so losing a master loses only its slots). One
+    master gets every slot by itself (``redis-cli --cluster create`` wants three);
+    ``tls`` and ``acl`` as for :class:`RedisServer` (TLS on the cluster bus too)."""
 
     def __init__(
-        self, masters: int = 3, *, maxmemory: str | None = None, password: str | None = None
+        self,
+        masters: int = 3,
+        *,
+        maxmemory: str | None = None,
+        password: str | None = None,
+        tls: TLSCerts | None = None,
+        acl: Sequence[str] = (),
     ) -> None:
         self.nodes: list[RedisServer] = []
-        self._auth = ["-a", password, "--no-auth-warning"] if password else []
+        self.tls = tls
         try:
             for _ in range(masters):
-                self.nodes.append(RedisServer(cluster=True, maxmemory=maxmemory, password=password))
-            hosts = [f"127.0.0.1:{n.port}" for n in self.nodes]
-            subprocess.run(
-                [
-                    "redis-cli",
-                    *self._auth,
-                    "--cluster",
-                    "create",
-                    *hosts,
-                    "--cluster-replicas",
-                    "0",
-                    "--cluster-yes",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
+                self.nodes.append(
+                    RedisServer(
+                        cluster=True, maxmemory=maxmemory, password=password, tls=tls, acl=acl
+                    )
+                )
+            first = self.nodes[0].cli()
+            if masters == 1:
+                cmd = [*first, "cluster", "addslotsrange", "0", str(16383)]
+            else:
+                hosts = [f"127.0.0.1:{n.port}" for n in self.nodes]
+                cmd = [*first[2:], "--cluster", "create", *hosts, "--cluster-replicas", "0"]
+                cmd.append("--cluster-yes")
+            subprocess.run(["redis-cli", *cmd], check=True, capture_output=True, timeout=60)
             self.wait_ok()
         except BaseException:
             self.close()
@@ -215,7 +260,8 @@ class RedisCluster:
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        scheme = "rediss+cluster" if self.tls else "redis+cluster"
+        return f"{scheme}://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def wait_ok(self, timeout: float = 20) -> None:
         """Until every live node reports ``cluster_state:ok`` and sees every slot."""
@@ -223,7 +269,7 @@ class RedisCluster:
         while True:
             states = [
                 subprocess.run(
-                    ["redis-cli", *self._auth, "-p", str(n.port), "cluster", "info"],
+                    ["redis-cli", *n.cli(), "cluster", "info"],
                     capture_output=True,
                     text=True,
                     timeout=5,

@@ -4,7 +4,8 @@ Every command is packed by the library (redis-py's packers, or hiredis's for the
 multi-key EXISTS) and carried by its pools and parsers: kvtier writes no protocol bytes.
 Every connection (standalone or per cluster node) packs commands with the library's
 pure-Python packer, which hands a large value to the socket as it is, where the default
-(hiredis) packer copies it into one request buffer.
+(hiredis) packer copies it into one request buffer (:mod:`kvtier.tiers.remote.library`
+holds those classes and whatever else leans on the library's internals).
 
 One :class:`RemoteClient` per process side (the scheduler's prober, each worker's store),
 each with its own connection pool. Every call has a timeout (``socket_timeout`` and
@@ -21,7 +22,6 @@ from __future__ import annotations
 import binascii
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,11 +30,14 @@ import hiredis
 import numpy as np
 import redis
 from redis.backoff import NoBackoff
-from redis.connection import PythonRespSerializer
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvtier.tiers.remote.keyspace import TAG_CHARS
+from kvtier.tiers.remote.library import VALUE_CUTOFF as VALUE_CUTOFF
+from kvtier.tiers.remote.library import Connection as _Connection
+from kvtier.tiers.remote.library import cluster_client, tls_connection_class
+from kvtier.tiers.remote.secrets import TLSFiles
 from kvtier.tiers.remote.streams import Consume, Parts, exists_each, get_each, set_streamed
 from kvtier.tiers.remote.url import RemoteTarget
 
@@ -90,9 +93,6 @@ COUNT_DEPTH = 16
 """Counting EXISTS in flight at once; a longer chain goes on in further groups only while
 every window so far was present whole."""
 
-VALUE_CUTOFF = 6000
-"""Arguments longer than this (bytes) go to the socket unjoined (the library's default)."""
-
 
 class RemoteUnavailable(Exception):
     """The store could not answer (down, slow, refused); the message names no secret."""
@@ -112,12 +112,12 @@ class RemoteClient:
         timeout_s: float = 0.5,
         max_connections: int = 16,
         backoff_s: float = 1.0,
+        tls: TLSFiles | None = None,
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self._down_until = 0.0
-        self._lock = threading.Lock()
         self._script_sha: str | None = None
         self._script_ok = True
         kw: dict[str, Any] = {
@@ -128,8 +128,8 @@ class RemoteClient:
             "retry": Retry(NoBackoff(), 0),
             "max_connections": max_connections,
             "health_check_interval": 0,
+            "connection_class": _connection_class(target, tls),
         }
-        kw["connection_class"] = _SSLConnection if target.tls else _Connection
         self._kw = kw
         self._client: Any = None
         if not target.cluster:
@@ -143,7 +143,7 @@ class RemoteClient:
         caller's guard: it contacts a seed to learn the slot map, and a cluster that is
         down when the engine starts must cost misses, not the engine's start."""
         if self._client is None:
-            self._client = _cluster_client(self.target.hosts, self._kw)
+            self._client = cluster_client(self.target.hosts, self._kw)
         return self._client
 
     # -- failure handling ----------------------------------------------------------------
@@ -399,6 +399,12 @@ class RemoteClient:
                 self._client.close()
 
 
+def _connection_class(target: RemoteTarget, tls: TLSFiles | None) -> type[Any]:
+    """Every pool's connections: TLS with ``tls``'s files (default: the system's CAs,
+    hostname checked) for a ``rediss`` target, on every cluster node too; else plaintext."""
+    return tls_connection_class(tls or TLSFiles()) if target.tls else _Connection
+
+
 def _names(prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> list[bytes]:
     """Every chunk's name under every suffix (suffix by suffix), built as rows of one array
     per suffix (names of one suffix have one length): ~0.2 ms for 4,096 names where
@@ -416,34 +422,3 @@ def _names(prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) ->
         # drops trailing NUL bytes, which no name has (suffixes end in a rank digit).
         names += rows.view(f"S{size}").reshape(n).tolist()
     return names
-
-
-def _cluster_client(hosts: Sequence[tuple[str, int]], kw: dict[str, Any]) -> Any:
-    """A cluster client on the seeds ``hosts``, its nodes' connections of
-    ``kw["connection_class"]``: given a URL (the first seed's), the library builds every
-    node's pool with that class; given host and port, it drops the argument."""
-    (host, port), *seeds = hosts
-    nodes = [redis.cluster.ClusterNode(h, p) for h, p in seeds]  # type: ignore[no-untyped-call]
-    url = f"redis://[{host}]:{port}" if ":" in host else f"redis://{host}:{port}"
-    return redis.RedisCluster(url=url, startup_nodes=nodes, reinitialize_steps=1, **kw)
-
-
-class _PlainValues:
-    """Packs commands with the library's pure-Python packer, which hands each large or
-    ``memoryview`` argument to the socket as its own buffer; the default (hiredis's)
-    copies every value into one request buffer (pipelined SETs of 256 KiB values ran at
-    ~0.55 of the speed here, and on a cluster each copy landed on fresh pages: ~190 minor
-    faults per MiB stored)."""
-
-    encoder: Any
-
-    def _construct_command_packer(self, packer: Any) -> Any:
-        return packer or PythonRespSerializer(VALUE_CUTOFF, self.encoder.encode)
-
-
-class _Connection(_PlainValues, redis.Connection):
-    pass
-
-
-class _SSLConnection(_PlainValues, redis.SSLConnection):
-    pass

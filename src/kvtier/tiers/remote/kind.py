@@ -7,6 +7,9 @@ Always shared and last in the stack: the scheduler side gets a :class:`RemoteInd
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 from kvtier.sources import HitSource
 from kvtier.stack.registry import TierContext, TierKind
 from kvtier.stack.spec import TierSpec
@@ -14,6 +17,7 @@ from kvtier.tiers.base import SlotStore, TierIndex
 from kvtier.tiers.remote.client import RemoteClient
 from kvtier.tiers.remote.index import RemoteIndex
 from kvtier.tiers.remote.keyspace import KeySpace
+from kvtier.tiers.remote.secrets import read_password, tls_files
 from kvtier.tiers.remote.store import RemoteStore
 from kvtier.tiers.remote.url import PASSWORD_ENV, parse_remote_url
 
@@ -22,9 +26,17 @@ DEFAULT_CAPACITY = 1 << 30
 
 
 def client_for(spec: TierSpec) -> RemoteClient:
+    """A client on the spec's store: the password from the URL, ``password_file`` or the
+    environment (in that order), the TLS files of the spec."""
     assert spec.url
-    target = parse_remote_url(spec.url, password_env=spec.password_env or PASSWORD_ENV)
-    return RemoteClient(target, timeout_s=spec.timeout_ms / 1e3)
+    password_env = spec.password_env or PASSWORD_ENV
+    env = dict(os.environ)
+    if spec.password_file:  # the file wins over the environment
+        env.pop(password_env, None)
+    target = parse_remote_url(spec.url, password_env=password_env, environ=env)
+    if spec.password_file and not target.password:
+        target = dataclasses.replace(target, password=read_password(spec.password_file))
+    return RemoteClient(target, timeout_s=spec.timeout_ms / 1e3, tls=tls_files(spec))
 
 
 def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:

@@ -17,6 +17,7 @@ show ``***`` in their place, and errors quote the display form only.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -32,6 +33,7 @@ _SCHEMES = {
     "rediss+cluster": (True, True),
 }
 """scheme -> (tls, cluster)."""
+_URL_LIST = re.compile(r",(?=\s*rediss?(?:\+cluster)?://)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,10 @@ def parse_remote_url(
 ) -> RemoteTarget:
     """Parse a remote-store URL; ConfigError naming the URL (credentials masked) if bad."""
     env = os.environ if environ is None else environ
-    first, *others = url.split(",")
-    if any("://" in o for o in others):  # a list of full URLs: seeds of one cluster
+    # A list of full URLs (seeds of one cluster) splits only before a scheme, so a comma in
+    # a password cannot cut the first URL's credentials in two (and then show up as a host).
+    first, *others = _URL_LIST.split(url)
+    if others:
         others = [o.split("://", 1)[-1].split("@")[-1].split("/")[0] for o in others]
         url = ",".join([first, *others])
     scheme, sep, rest = url.partition("://")
@@ -98,18 +102,18 @@ def parse_remote_url(
             f"{', '.join(s + '://' for s in _SCHEMES)}"
         )
     tls, cluster = _SCHEMES[scheme.lower()]
-    rest, _, query = rest.partition("?")
-    if query:
-        raise ConfigError("url: query parameters are not supported (use the tier's keys)")
-    auth, at, hostpart = rest.rpartition("@")
+    auth, at, hostpart = rest.rpartition("@")  # credentials first: a password may hold "?"
     if not at:
         auth, hostpart = "", rest
+    hostpart, _, query = hostpart.partition("?")
+    if query:
+        raise ConfigError("url: query parameters are not supported (use the tier's keys)")
     hostpart, _, path = hostpart.partition("/")
     username = password = None
     if auth:
         user, colon, pw = auth.partition(":")
         username = unquote(user) or None
-        password = unquote(pw) if colon else None
+        password = (unquote(pw) or None) if colon else None  # "user:@h": from env/file
         if not colon:  # redis://secret@host: a bare credential is a password
             username, password = None, unquote(user)
     masked = f"{scheme}://{'***@' if auth else ''}{hostpart}"

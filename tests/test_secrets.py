@@ -1,0 +1,228 @@
+"""A redis tier's secrets and privileges, on real redis-server processes: passwords never
+reach kvtier's errors, logs or reprs, whatever the URL looks like; the env and file forms
+authenticate; a password in the config text gets one loud warning naming the safe forms;
+a least-privilege ACL user (docs/security.md) stores, probes and loads, and is refused
+everything outside its grant."""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import quote
+
+import pytest
+import redis
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from kvtier.config import KVTierConfig
+from kvtier.errors import ConfigError
+from kvtier.stack.spec import TierSpec
+from kvtier.testing.redis_server import RedisCluster, RedisServer
+from kvtier.tiers.remote import keyspace, parse_remote_url
+from kvtier.tiers.remote.kind import client_for
+from redis_fixtures import tier_roundtrip
+
+SECRET = "Sw0rdf1sh-c0rrect-h0rse"
+MISS = ([False, False, False], 0)
+ALL = ([True, True, True], 3)
+
+
+def config(*entries: object) -> KVTierConfig:
+    return KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, *entries]})
+
+
+# -- redaction -----------------------------------------------------------------------------
+
+# Marked ends: no fixed message text holds "Zx" or "9Q", so a leak of either end (a
+# password cut in two at a comma, a slash, a question mark) is caught, not just the whole.
+passwords = st.text(
+    st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJ0123456789-_.~!$&'()*+,;=:%?/[]#@"),
+    min_size=2,
+    max_size=24,
+).map(lambda s: f"Zx{s}9Q")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pw=passwords,
+    scheme=st.sampled_from(["redis", "rediss", "redis+cluster", "http", "redis:", "REDIS"]),
+    user=st.sampled_from(["", "alice"]),
+    encode=st.booleans(),
+    host=st.sampled_from(["h", "", "[::1]", "h:99999", "h:x", "a:1,b:2", "h:1,redis://c:3"]),
+    tail=st.sampled_from(["", "/0", "/x", "/3", "?ssl=1", ",h2:bad", ",redis://u:p@z:1/9"]),
+)
+def test_no_url_puts_its_password_into_an_error_or_repr(pw, scheme, user, encode, host, tail):
+    shown = quote(pw, safe="") if encode else pw
+    url = f"{scheme}://{user}:{shown}@{host}{tail}"
+    assume(pw not in url.replace(shown, "", 1) and shown not in url.replace(shown, "", 1))
+    try:
+        t = parse_remote_url(url, environ={})
+    except ConfigError as e:
+        text = str(e)
+    else:
+        text = f"{t.display} {t!r}"
+    try:
+        config({"kind": "redis", "url": url})
+    except ConfigError as e:
+        text += str(e)
+    for form in {pw, shown, quote(pw, safe="")}:
+        assert form[:4] not in text and form[-4:] not in text, (url, text)
+
+
+@pytest.mark.parametrize(
+    "url", [f"redis://alice:{SECRET}@h:1", f"redis://:{SECRET}@a:1,redis://:{SECRET}@b:2"]
+)
+def test_a_config_repr_masks_the_url(url):
+    cfg = config({"kind": "redis", "url": url, "ttl_s": 5})
+    shown = repr(cfg)
+    assert SECRET not in shown and "ttl_s=5" in shown and ":***@" in shown
+    assert cfg.tiers[1].url == url and cfg.to_dict()["tiers"][1]["url"] == url  # whole there
+    odd = TierSpec("memory", url=f"memory://{SECRET}@x")
+    assert SECRET not in repr(odd) and "***@x" in repr(odd)
+
+
+def test_config_errors_never_echo_a_tier_entry(caplog):
+    url = f"redis://:{SECRET}@h:1"
+    for bad in (
+        {"tiers": [{"kind": "cpu"}, url]},  # a URL where a mapping belongs
+        {"tiers": url},
+        {"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": url, "bogus": 1}]},
+        {"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": url, "timeout_ms": -1}]},
+        {"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": url, "path": "/x"}]},
+    ):
+        with pytest.raises(ConfigError) as e:
+            KVTierConfig.from_dict(bad)
+        assert SECRET not in str(e.value)
+    assert SECRET not in caplog.text
+
+
+def test_a_misspelt_key_lists_exactly_the_redis_tiers_keys():
+    with pytest.raises(ConfigError) as e:
+        config({"kind": "redis", "url": "redis://h", "ssl_cafile": "x"})
+    msg = str(e.value)
+    assert msg.startswith("tiers[1]: unknown key(s) 'ssl_cafile'; accepted keys for a redis tier")
+    listed = set(msg.rsplit(": ", 1)[1].split(", "))
+    for key in ("url", "timeout_ms", "ttl_s", "password_env", "password_file", "ssl_ca"):
+        assert key in listed
+    assert not listed & {"path", "threads", "lookup_delay_ms", "shared"}
+    assert listed <= {f.name for f in TierSpec.__dataclass_fields__.values()}
+    with pytest.raises(ConfigError, match=r"tiers\[1\]: path do\(es\) not apply to a redis tier"):
+        config({"kind": "redis", "url": "redis://h", "path": "/tmp/x"})
+
+
+def test_a_password_in_the_url_warns_once_naming_the_safe_forms(caplog):
+    caplog.set_level(logging.WARNING, logger="kvtier")
+    url = f"redis://:{SECRET}@warn-host:1"
+    config({"kind": "redis", "url": url})
+    config({"kind": "redis", "url": url})
+    warnings = [r for r in caplog.records if "carries a password" in r.getMessage()]
+    assert len(warnings) == 1
+    text = warnings[0].getMessage()
+    assert text.startswith("kvtier: tiers[1].url")
+    assert "password_env" in text and "password_file" in text and SECRET not in caplog.text
+    caplog.clear()
+    config({"kind": "redis", "url": "redis://other-host:1", "password_env": "X"})
+    assert "carries a password" not in caplog.text
+
+
+# -- the safe forms authenticate -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def locked() -> RedisServer:
+    with RedisServer(password=SECRET) as s:
+        yield s
+
+
+def test_password_from_env_or_file_authenticates(locked, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    base = {"kind": "redis", "url": locked.url, "timeout_ms": 3000}
+    monkeypatch.delenv("KVTIER_REDIS_PASSWORD", raising=False)
+    assert tier_roundtrip(base) == MISS  # NOAUTH: misses, nothing raised
+    monkeypatch.setenv("KVTIER_REDIS_PASSWORD", SECRET)
+    assert tier_roundtrip(base, seed=1) == ALL
+    monkeypatch.setenv("TEAM_PW", SECRET)
+    monkeypatch.setenv("KVTIER_REDIS_PASSWORD", "wrong")
+    assert tier_roundtrip({**base, "password_env": "TEAM_PW"}, seed=2) == ALL
+    pw = tmp_path / "pw"
+    pw.write_text(SECRET + "\n")
+    assert tier_roundtrip({**base, "password_file": str(pw)}, seed=3) == ALL  # file wins
+    pw.write_text("not-it\n")
+    assert tier_roundtrip({**base, "password_file": str(pw)}, seed=4) == MISS
+    monkeypatch.setenv("KVTIER_REDIS_PASSWORD", SECRET)
+    spec = config(base).tiers[1]
+    client = client_for(spec)
+    assert client.target.password == SECRET  # it is there, and no repr shows it:
+    shown = [
+        repr(spec),
+        repr(client.target),
+        repr(client.client),
+        repr(client.client.connection_pool),
+    ]
+    assert not [r for r in shown if SECRET in r], shown  # the library's own from redis 7.4
+    client.close()
+    text = caplog.text + "".join(str(r.args) for r in caplog.records)
+    assert "remote tier" in text and SECRET not in text and "not-it" not in text
+
+
+def test_bad_password_files_are_one_line_naming_the_option(tmp_path):
+    base = {"kind": "redis", "url": "redis://h:1"}
+    with pytest.raises(ConfigError, match=r"^tiers\[1\]\.password_file: cannot read .*nope"):
+        config({**base, "password_file": str(tmp_path / "nope")})
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match=r"^tiers\[1\]\.password_file: .* holds no password"):
+        config({**base, "password_file": str(empty)})
+    (tmp_path / "pw").write_text("x\n")
+    both = {"kind": "redis", "url": f"redis://:{SECRET}@h:1", "password_file": str(tmp_path / "pw")}
+    with pytest.raises(ConfigError, match=r"^tiers\[1\]\.password_file: the url carries") as e:
+        config(both)
+    assert SECRET not in str(e.value)
+
+
+# -- least privilege -----------------------------------------------------------------------
+
+ACL_PASSWORD = "acl-" + SECRET
+
+
+def acl_line(user: str = "kvtier") -> str:
+    """The grant docs/security.md shows (minus +client|setinfo, which 7.0 lacks)."""
+    prefix = keyspace.PREFIX.decode()
+    return (
+        f"user {user} on >{ACL_PASSWORD} resetkeys ~{prefix}* resetchannels -@all +get +set "
+        "+exists +unlink +del +scan +ping +evalsha +eval +script|load +command "
+        "+cluster|slots +cluster|shards +readonly"
+    )
+
+
+def _acl_url(url: str) -> str:
+    return url.replace("://", "://kvtier:@", 1)  # user in the URL, password from the env
+
+
+def test_an_acl_user_stores_and_loads_and_nothing_more(monkeypatch):
+    monkeypatch.setenv("KVTIER_REDIS_PASSWORD", ACL_PASSWORD)
+    with RedisServer(acl=[acl_line()]) as s:
+        entry = {"kind": "redis", "url": _acl_url(s.url), "timeout_ms": 3000}
+        assert tier_roundtrip(entry) == ALL
+        admin = redis.Redis(port=s.port)
+        admin.set("other:secret", b"tenant B")
+        assert any(k.startswith(keyspace.PREFIX) for k in admin.keys("*"))
+        user = redis.Redis(port=s.port, username="kvtier", password=ACL_PASSWORD)
+        for refused in (
+            lambda: user.get("other:secret"),
+            lambda: user.set("other:x", b"1"),
+            lambda: user.flushall(),
+            lambda: user.keys("*"),
+            lambda: user.config_get("*"),
+            lambda: user.execute_command("MONITOR"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                refused()
+        user.close()
+        admin.close()
+
+
+def test_an_acl_user_on_a_cluster(monkeypatch):
+    monkeypatch.setenv("KVTIER_REDIS_PASSWORD", ACL_PASSWORD)
+    with RedisCluster(1, acl=[acl_line()]) as c:
+        assert tier_roundtrip({"kind": "redis", "url": _acl_url(c.url), "timeout_ms": 3000}) == ALL
