@@ -14,7 +14,7 @@ shared tier cannot hold; a chunk gone by load time fails into recompute.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvtier.config import KVTierConfig
@@ -108,6 +108,9 @@ class CacheManager:
         self.deferred = 0
         """Lookups answered "ask again later" (a tier not ready, or a load in flight)."""
         self.steps = 0
+        self.on_store_planned: Callable[[str, int, Sequence[Key]], None] | None = None
+        """Told ``(req_id, first chunk index, keys)`` of every store planned from a request's
+        engine blocks (tier events learn chunk identities there); None: nobody listens."""
 
     @property
     def tiers(self) -> list[StackTier]:
@@ -273,6 +276,8 @@ class CacheManager:
         if not slots:
             return demotions
         todo = todo[: len(slots)]
+        if self.on_store_planned is not None:
+            self.on_store_planned(req_id, present, todo)
         store = TransferJob(
             0,
             req_id,
@@ -358,6 +363,11 @@ class CacheManager:
 
     def num_requests(self) -> int:
         return len(self._reqs)
+
+    def chain_keys(self, req_id: str) -> Sequence[Key]:
+        """The request's chunk keys computed so far (empty for an unknown request)."""
+        req = self._reqs.get(req_id)
+        return req.chain.keys if req is not None else ()
 
 
 def _slots(index: object) -> int:

@@ -1,0 +1,214 @@
+"""Tier events: which chunks became readable in each tier and which left it, for KV-aware
+routers (engine-agnostic bookkeeping; :mod:`kvtier.vllm.events` turns it into vLLM events).
+
+Where the truth lives: every authoritative tier's index is on the scheduler side, in the
+scheduler's thread, and its :class:`~kvtier.tiers.base.IndexListener` hook tells this log
+of each change as it happens: a store or copy committed (``ready``), an eviction, a drop
+of a failed store or check, a reset (``unready``). No worker-side event is needed.
+
+Identity. A router knows blocks by the engine's block hashes and tokens, never by kvtier's
+chunk keys, so the log keeps, for every chunk some tier holds (or is being stored into),
+where its identity can be read: ``(source, i)``, the ``i``-th chunk of a request's token
+sequence (``source`` is opaque here; the vLLM side reads tokens and block hashes from it
+only when it emits). The map is filled when a store is planned (:meth:`learn`) and loses a
+key when the key leaves the last tier holding it, so it is bounded by the tiers' sizes.
+It exists only while events are on: without a log nothing is recorded at all.
+
+Chunks whose identity is unknown are not announced (a placeholder without tokens is useless
+to a router once the engine's own copy is gone). That is the case of the chunks a disk tier
+restores at a restart: slab headers hold keys, not tokens. They are announced when a request
+whose prefix they hold is looked up (:meth:`announce_held`), as many as that request names:
+a restart never emits the whole disk in one step, nor ever unless it is used.
+
+Order: parents before children within a tier (stores commit in chain order and promote
+parents first); one ``take`` returns at most ``max_blocks`` engine blocks' worth of events,
+oldest first, and keeps the rest for the next call, so a large reset is spread over steps.
+
+Shared tiers (``shared=True``) are told only what this engine sees: its own successful
+stores and the values that failed a check; the store evicts unseen, so their removals are
+never complete. Single-threaded (the scheduler's).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtier.keys import Key
+from kvtier.stack.stack import TierStack
+
+Ident = tuple[object, int]
+"""``(source, chunk index in the source's token sequence)``: where a chunk's engine
+identity is read from."""
+
+MAX_BLOCKS_PER_TAKE = 16384
+"""Engine blocks' worth of events one :meth:`TierEvents.take` returns at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventRun:
+    """Consecutive events of one kind in one tier.
+
+    A store run is a chain: chunks ``first .. first + count - 1`` of one source. A removal
+    run lists its chunks' identities (any sources, any order)."""
+
+    stored: bool
+    tier: int
+    """Position of the tier in the stack."""
+    chunks: tuple[Ident, ...]
+
+
+class _Listener:
+    __slots__ = ("log", "tier")
+
+    def __init__(self, log: TierEvents, tier: int) -> None:
+        self.log = log
+        self.tier = tier
+
+    def ready(self, key: Key) -> None:
+        self.log._ready(self.tier, key)
+
+    def unready(self, key: Key) -> None:
+        self.log._unready(self.tier, key)
+
+    def removed(self, key: Key) -> None:
+        self.log._removed(key)
+
+
+class TierEvents:
+    """The residency event log of one engine's tier stack (see the module docstring).
+
+    Attaches itself as the listener of every authoritative tier's index (and of shared
+    tiers' with ``shared=True``). ``blocks_per_chunk``: engine blocks per chunk (the unit of
+    ``max_blocks``).
+    """
+
+    def __init__(
+        self,
+        stack: TierStack,
+        blocks_per_chunk: int,
+        *,
+        shared: bool = False,
+        max_blocks: int = MAX_BLOCKS_PER_TAKE,
+    ) -> None:
+        if blocks_per_chunk <= 0 or max_blocks <= 0:
+            raise ValueError("blocks_per_chunk and max_blocks must be > 0")
+        self.stack = stack
+        self.blocks_per_chunk = blocks_per_chunk
+        self.max_blocks = max_blocks
+        self.identities: dict[Key, Ident] = {}
+        """Chunk key -> identity, for every chunk some tier holds or is being stored into."""
+        self.announced: list[set[Key]] = [set() for _ in stack.tiers]
+        """Per authoritative tier, the keys announced readable and not yet removed."""
+        self.shared = [t.shared for t in stack.tiers]
+        self._slot_tiers = [t.index for t in stack.tiers if not t.shared]
+        self._queue: deque[tuple[bool, int, Ident]] = deque()
+        self.unknown = 0
+        """Readable chunks not announced for want of an identity (restored at start)."""
+        for t, tier in enumerate(stack.tiers):
+            if tier.shared and not shared:
+                continue
+            tier.index.listener = _Listener(self, t)
+            if not tier.shared:
+                self.unknown += len(tier.index)  # what a restore put there before us
+
+    # -- identities ------------------------------------------------------------------------
+
+    def learn(self, source: object, first: int, keys: Sequence[Key]) -> None:
+        """``keys`` are chunks ``first, first + 1, ...`` of ``source``'s sequence (a store
+        of them is being planned)."""
+        ids = self.identities
+        for i, key in enumerate(keys, first):
+            if key not in ids:
+                ids[key] = (source, i)
+
+    def announce_held(self, source: object, keys: Sequence[Key]) -> int:
+        """Announce the chunks of chain ``keys`` (``source``'s, from chunk 0) that a tier
+        holds readable but never announced (restored). A no-op unless some are; otherwise
+        O(chunks held). Returns how many were announced."""
+        if self.unknown <= 0:
+            return 0
+        n_new = 0
+        ids = self.identities
+        for t, tier in enumerate(self.stack.tiers):
+            if tier.shared:
+                continue
+            held = tier.index.leading(keys, 0)
+            assert isinstance(held, int)  # an authoritative index answers at once
+            seen = self.announced[t]
+            for i in range(held):
+                key = keys[i]
+                if key in seen:
+                    continue
+                ident = ids.setdefault(key, (source, i))
+                seen.add(key)
+                self._queue.append((True, t, ident))
+                n_new += 1
+        self.unknown = max(0, self.unknown - n_new)
+        return n_new
+
+    # -- listener side ---------------------------------------------------------------------
+
+    def _ready(self, t: int, key: Key) -> None:
+        ident = self.identities.get(key)
+        if self.shared[t]:
+            if ident is not None:
+                self._queue.append((True, t, ident))
+            return
+        if ident is None:
+            self.unknown += 1
+            return
+        seen = self.announced[t]
+        if key not in seen:
+            seen.add(key)
+            self._queue.append((True, t, ident))
+
+    def _unready(self, t: int, key: Key) -> None:
+        if self.shared[t]:
+            ident = self.identities.get(key)
+            if ident is not None:
+                self._queue.append((False, t, ident))
+            return
+        seen = self.announced[t]
+        if key in seen:
+            seen.discard(key)
+            self._queue.append((False, t, self.identities[key]))
+        elif self.unknown > 0:
+            self.unknown -= 1
+
+    def _removed(self, key: Key) -> None:
+        if key in self.identities and not any(ix.has(key) for ix in self._slot_tiers):
+            del self.identities[key]
+
+    # -- draining --------------------------------------------------------------------------
+
+    def pending(self) -> bool:
+        return bool(self._queue)
+
+    def take(self) -> list[EventRun]:
+        """The events since the last call, oldest first, as runs (at most ``max_blocks``
+        engine blocks' worth; the rest waits for the next call)."""
+        queue = self._queue
+        if not queue:
+            return []
+        runs: list[EventRun] = []
+        budget = self.max_blocks // self.blocks_per_chunk or 1
+        cur: list[Ident] = []
+        cur_kind: tuple[bool, int] | None = None
+        while queue and budget > 0:
+            stored, t, ident = queue.popleft()
+            budget -= 1
+            if cur and cur_kind == (stored, t):
+                last = cur[-1]
+                if not stored or (last[0] is ident[0] and last[1] + 1 == ident[1]):
+                    cur.append(ident)
+                    continue
+            if cur:
+                assert cur_kind is not None
+                runs.append(EventRun(cur_kind[0], cur_kind[1], tuple(cur)))
+            cur, cur_kind = [ident], (stored, t)
+        if cur:
+            assert cur_kind is not None
+            runs.append(EventRun(cur_kind[0], cur_kind[1], tuple(cur)))
+        return runs
