@@ -11,7 +11,8 @@ chunk keys, so the log keeps, for every chunk some tier holds (or is being store
 where its identity can be read: ``(source, i)``, the ``i``-th chunk of a request's token
 sequence (``source`` is opaque here; the vLLM side reads tokens and block hashes from it
 only when it emits). The map is filled when a store is planned (:meth:`learn`) and loses a
-key when the key leaves the last tier holding it, so it is bounded by the tiers' sizes.
+key once the key has left the last tier holding it (checked at the next :meth:`take`), so
+it is bounded by the tiers' sizes.
 It exists only while events are on: without a log nothing is recorded at all.
 
 Chunks whose identity is unknown are not announced (a placeholder without tokens is useless
@@ -104,6 +105,8 @@ class TierEvents:
         self.shared = [t.shared for t in stack.tiers]
         self._slot_tiers = [t.index for t in stack.tiers if not t.shared]
         self._queue: deque[tuple[bool, int, Ident]] = deque()
+        self._gone: list[Key] = []
+        """Keys that left a tier since the last take: their identity may be forgotten."""
         self.unknown = 0
         """Readable chunks not announced for want of an identity (restored at start)."""
         for t, tier in enumerate(stack.tiers):
@@ -178,8 +181,17 @@ class TierEvents:
             self.unknown -= 1
 
     def _removed(self, key: Key) -> None:
-        if key in self.identities and not any(ix.has(key) for ix in self._slot_tiers):
-            del self.identities[key]
+        # Forgotten later, not now: an evicted chunk being demoted is reserved in the tier
+        # below only after the eviction, within the same planning call.
+        if key in self.identities:
+            self._gone.append(key)
+
+    def _forget_gone(self) -> None:
+        ids, tiers = self.identities, self._slot_tiers
+        for key in self._gone:
+            if key in ids and not any(ix.has(key) for ix in tiers):
+                del ids[key]
+        self._gone.clear()
 
     # -- draining --------------------------------------------------------------------------
 
@@ -188,7 +200,10 @@ class TierEvents:
 
     def take(self) -> list[EventRun]:
         """The events since the last call, oldest first, as runs (at most ``max_blocks``
-        engine blocks' worth; the rest waits for the next call)."""
+        engine blocks' worth; the rest waits for the next call). Also forgets the identities
+        of chunks no tier holds any more."""
+        if self._gone:
+            self._forget_gone()
         queue = self._queue
         if not queue:
             return []
