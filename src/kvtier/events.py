@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import count, repeat
 
 from kvtier.keys import Key
 from kvtier.stack.stack import TierStack
@@ -61,20 +62,54 @@ class EventRun:
 
 
 class _Listener:
-    __slots__ = ("log", "tier")
+    """An authoritative tier's listener (inlined: it runs once per chunk stored)."""
+
+    __slots__ = ("ids", "log", "seen", "tier")
 
     def __init__(self, log: TierEvents, tier: int) -> None:
         self.log = log
         self.tier = tier
+        self.ids = log.identities
+        self.seen = log.announced[tier]
 
     def ready(self, key: Key) -> None:
-        self.log._ready(self.tier, key)
+        ident = self.ids.get(key)
+        if ident is None:
+            self.log.unknown += 1
+        elif key not in self.seen:
+            self.seen.add(key)
+            self.log._push(True, self.tier, ident)
 
     def unready(self, key: Key) -> None:
-        self.log._unready(self.tier, key)
+        seen = self.seen
+        if key in seen:
+            seen.discard(key)
+            self.log._push(False, self.tier, self.ids[key])
+        elif self.log.unknown > 0:
+            self.log.unknown -= 1
 
     def removed(self, key: Key) -> None:
-        self.log._removed(key)
+        if key in self.ids:
+            # Forgotten at the next take, not now: an evicted chunk being demoted is
+            # reserved in the tier below only after the eviction, in the same call.
+            self.log._gone.append(key)
+
+
+class _SharedListener(_Listener):
+    """A shared tier's: no membership kept (the store evicts unseen), so every store this
+    engine makes is told, and every failed check."""
+
+    __slots__ = ()
+
+    def ready(self, key: Key) -> None:
+        ident = self.ids.get(key)
+        if ident is not None:
+            self.log._push(True, self.tier, ident)
+
+    def unready(self, key: Key) -> None:
+        ident = self.ids.get(key)
+        if ident is not None:
+            self.log._push(False, self.tier, ident)
 
 
 class TierEvents:
@@ -102,9 +137,8 @@ class TierEvents:
         """Chunk key -> identity, for every chunk some tier holds or is being stored into."""
         self.announced: list[set[Key]] = [set() for _ in stack.tiers]
         """Per authoritative tier, the keys announced readable and not yet removed."""
-        self.shared = [t.shared for t in stack.tiers]
         self._slot_tiers = [t.index for t in stack.tiers if not t.shared]
-        self._queue: deque[tuple[bool, int, Ident]] = deque()
+        self._queue: deque[tuple[bool, int, list[Ident]]] = deque()
         self._gone: list[Key] = []
         """Keys that left a tier since the last take: their identity may be forgotten."""
         self.unknown = 0
@@ -112,7 +146,7 @@ class TierEvents:
         for t, tier in enumerate(stack.tiers):
             if tier.shared and not shared:
                 continue
-            tier.index.listener = _Listener(self, t)
+            tier.index.listener = (_SharedListener if tier.shared else _Listener)(self, t)
             if not tier.shared:
                 self.unknown += len(tier.index)  # what a restore put there before us
 
@@ -121,10 +155,8 @@ class TierEvents:
     def learn(self, source: object, first: int, keys: Sequence[Key]) -> None:
         """``keys`` are chunks ``first, first + 1, ...`` of ``source``'s sequence (a store
         of them is being planned)."""
-        ids = self.identities
-        for i, key in enumerate(keys, first):
-            if key not in ids:
-                ids[key] = (source, i)
+        # One C-level pass; a key some tier holds already gets an equivalent identity.
+        self.identities.update(zip(keys, zip(repeat(source), count(first)), strict=False))
 
     def announce_held(self, source: object, keys: Sequence[Key]) -> int:
         """Announce the chunks of chain ``keys`` (``source``'s, from chunk 0) that a tier
@@ -146,45 +178,26 @@ class TierEvents:
                     continue
                 ident = ids.setdefault(key, (source, i))
                 seen.add(key)
-                self._queue.append((True, t, ident))
+                self._push(True, t, ident)
                 n_new += 1
         self.unknown = max(0, self.unknown - n_new)
         return n_new
 
-    # -- listener side ---------------------------------------------------------------------
+    # -- recording -----------------------------------------------------------------------
 
-    def _ready(self, t: int, key: Key) -> None:
-        ident = self.identities.get(key)
-        if self.shared[t]:
-            if ident is not None:
-                self._queue.append((True, t, ident))
-            return
-        if ident is None:
-            self.unknown += 1
-            return
-        seen = self.announced[t]
-        if key not in seen:
-            seen.add(key)
-            self._queue.append((True, t, ident))
-
-    def _unready(self, t: int, key: Key) -> None:
-        if self.shared[t]:
-            ident = self.identities.get(key)
-            if ident is not None:
-                self._queue.append((False, t, ident))
-            return
-        seen = self.announced[t]
-        if key in seen:
-            seen.discard(key)
-            self._queue.append((False, t, self.identities[key]))
-        elif self.unknown > 0:
-            self.unknown -= 1
-
-    def _removed(self, key: Key) -> None:
-        # Forgotten later, not now: an evicted chunk being demoted is reserved in the tier
-        # below only after the eviction, within the same planning call.
-        if key in self.identities:
-            self._gone.append(key)
+    def _push(self, stored: bool, t: int, ident: Ident) -> None:
+        """Queue one chunk's event, extending the last run when it continues it (a store
+        run is one source's consecutive chunks), so a take costs O(runs)."""
+        queue = self._queue
+        if queue:
+            last = queue[-1]
+            if last[0] is stored and last[1] == t:
+                chunks = last[2]
+                prev = chunks[-1]
+                if not stored or (prev[0] is ident[0] and prev[1] + 1 == ident[1]):
+                    chunks.append(ident)
+                    return
+        queue.append((stored, t, [ident]))
 
     def _forget_gone(self) -> None:
         ids, tiers = self.identities, self._slot_tiers
@@ -205,25 +218,15 @@ class TierEvents:
         if self._gone:
             self._forget_gone()
         queue = self._queue
-        if not queue:
-            return []
         runs: list[EventRun] = []
-        budget = self.max_blocks // self.blocks_per_chunk or 1
-        cur: list[Ident] = []
-        cur_kind: tuple[bool, int] | None = None
+        budget = max(1, self.max_blocks // self.blocks_per_chunk)
         while queue and budget > 0:
-            stored, t, ident = queue.popleft()
-            budget -= 1
-            if cur and cur_kind == (stored, t):
-                last = cur[-1]
-                if not stored or (last[0] is ident[0] and last[1] + 1 == ident[1]):
-                    cur.append(ident)
-                    continue
-            if cur:
-                assert cur_kind is not None
-                runs.append(EventRun(cur_kind[0], cur_kind[1], tuple(cur)))
-            cur, cur_kind = [ident], (stored, t)
-        if cur:
-            assert cur_kind is not None
-            runs.append(EventRun(cur_kind[0], cur_kind[1], tuple(cur)))
+            stored, t, chunks = queue[0]
+            if len(chunks) > budget:  # split: the head now, the tail next time
+                runs.append(EventRun(stored, t, tuple(chunks[:budget])))
+                del chunks[:budget]
+                break
+            queue.popleft()
+            runs.append(EventRun(stored, t, tuple(chunks)))
+            budget -= len(chunks)
         return runs
