@@ -93,7 +93,7 @@ class Subscriber:
         self.ctx.term()
 
 
-def run_engine(tmp: Path, name: str, sub: Subscriber, program: list[Any]) -> dict[str, Any]:
+def run_engine(tmp: Path, name: str, endpoint: str, program: list[Any]) -> dict[str, Any]:
     spec = {
         "connector": {
             "chunk_tokens": CHUNK,
@@ -109,7 +109,7 @@ def run_engine(tmp: Path, name: str, sub: Subscriber, program: list[Any]) -> dic
         "kv_events": {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            "endpoint": sub.endpoint,
+            "endpoint": endpoint,
             "topic": f"kv@{name}@smollm2",
         },
     }
@@ -127,6 +127,9 @@ def run_engine(tmp: Path, name: str, sub: Subscriber, program: list[Any]) -> dic
     return out
 
 
+PROGRAM_B = [serve("b1", PB), {"op": "reset_prefix_cache"}, serve("b2", [PB[0]])]
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("events")
@@ -135,7 +138,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         a = run_engine(
             tmp,
             "A",
-            sub,
+            sub.endpoint,
             [
                 serve("a1", PA),  # fills CPU (8 chunks) and disk (16): both evict
                 {"op": "reset_prefix_cache"},  # the engine's own cache: hits come from kvtier
@@ -143,9 +146,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 {"op": "reset_prefix_cache"},
             ],
         )
-        b = run_engine(
-            tmp, "B", sub, [serve("b1", PB), {"op": "reset_prefix_cache"}, serve("b2", [PB[0]])]
-        )
+        b = run_engine(tmp, "B", sub.endpoint, PROGRAM_B)
         b["batches"] = sub.batches(b"kv@B@smollm2")
         a["batches"] = sub.batches(b"kv@A@smollm2")
     finally:
@@ -317,3 +318,19 @@ def test_events_alone_route_a_new_prompt_to_the_engine_holding_its_prefix(
     assert gpu_scores == {"A": 0, "B": 0}
     assert scores["A"] == 0 and scores["B"] == 4 * CHUNK // BLOCK, scores
     assert max(scores, key=scores.__getitem__) == "B"
+
+
+@pytest.mark.slow
+def test_nobody_subscribing_changes_nothing(tmp_path: Path, engines: dict[str, Any]) -> None:
+    """Events published to an endpoint nobody binds: the engine serves the same tokens as
+    with a subscriber, publishes every batch into the void and drops no event."""
+    import socket
+
+    with socket.socket() as s:  # a free port, closed again: nobody listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = run_engine(tmp_path, "C", f"tcp://127.0.0.1:{port}", PROGRAM_B)
+    outputs = [[r["output"] for r in op["requests"]] for op in out["ops"]]
+    want = [[r["output"] for r in op["requests"]] for op in engines["B"]["ops"]]
+    assert outputs == want
+    assert out["events_last_seq"] > 0 and out["kvtier"]["events"]["dropped_runs"] == 0
