@@ -48,6 +48,15 @@ class ScheduledRequest:
     prompt_len: int
 
 
+StoreHook = Callable[[str, int, Sequence[Key]], None]
+"""Told ``(req_id, first chunk index, keys)`` of every store planned from a request's engine
+blocks (:class:`CacheManager.on_store_planned`)."""
+
+
+def _no_hook(req_id: str, first: int, keys: Sequence[Key]) -> None:
+    return None
+
+
 def resolve_chunk_tokens(config: KVTierConfig, block_tokens: int) -> int:
     """The chunk size in tokens: configured (checked) or automatic."""
     if config.chunk_tokens:
@@ -108,9 +117,7 @@ class CacheManager:
         self.deferred = 0
         """Lookups answered "ask again later" (a tier not ready, or a load in flight)."""
         self.steps = 0
-        self.on_store_planned: Callable[[str, int, Sequence[Key]], None] | None = None
-        """Told ``(req_id, first chunk index, keys)`` of every store planned from a request's
-        engine blocks (tier events learn chunk identities there); None: nobody listens."""
+        self.on_store_planned: StoreHook = _no_hook  # tier events learn identities there
 
     @property
     def tiers(self) -> list[StackTier]:
@@ -276,8 +283,7 @@ class CacheManager:
         if not slots:
             return demotions
         todo = todo[: len(slots)]
-        if self.on_store_planned is not None:
-            self.on_store_planned(req_id, present, todo)
+        self.on_store_planned(req_id, present, todo)
         store = TransferJob(
             0,
             req_id,
@@ -364,10 +370,11 @@ class CacheManager:
     def num_requests(self) -> int:
         return len(self._reqs)
 
-    def chain_keys(self, req_id: str) -> Sequence[Key]:
-        """The request's chunk keys computed so far (empty for an unknown request)."""
-        req = self._reqs.get(req_id)
-        return req.chain.keys if req is not None else ()
+
+def chain_keys(manager: CacheManager, req_id: str) -> Sequence[Key]:
+    """The request's chunk keys computed so far (empty for a request it does not know)."""
+    req = manager._reqs.get(req_id)
+    return req.chain.keys if req is not None else ()
 
 
 def _slots(index: object) -> int:

@@ -45,7 +45,7 @@ from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec
 
 from kvtier.events import EventRun, TierEvents
 from kvtier.keys import Key
-from kvtier.manager import CacheManager
+from kvtier.manager import CacheManager, chain_keys
 from kvtier.stack.stack import StackTier
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class ConnectorEvents:
         """A request was looked up: announce what restored tiers hold of its prefix (a
         no-op, O(1), unless some restored chunk was never announced)."""
         if self.log.unknown > 0:
-            keys = self.manager.chain_keys(request.request_id)
+            keys = chain_keys(self.manager, request.request_id)
             self.log.announce_held(self._source(request), keys)
 
     def finished(self, req_id: str) -> None:
