@@ -49,10 +49,11 @@ single-tier hit (all HOST) and a mixed one (first half HOST, second half DISK):
     again``: a later reuse), on fresh indexes holding the chain.
 
 (c) *Tier events* (``--kv-events-config`` on; :mod:`kvtier.events`), per case: the (b)
-    region again with the event log attached to every tier and the connector's per-lookup
-    event call (``announce_held``, O(1) unless restored chunks are still unannounced) in the
-    timed region, against (b) with no log, alternated ``REPEATS`` times (best and worst
-    delta reported); ``announce`` is the one-time cost of announcing a 128k chain the tiers
+    region with the event log attached to every tier and the connector's per-lookup event
+    call (``announce_held``, O(1) unless restored chunks are still unannounced) in the timed
+    region, against the same region with no log, in alternate iterations of one loop (both
+    see the same load); the loop is run ``REPEATS`` times (best and worst delta of medians
+    reported); ``announce`` is the one-time cost of announcing a 128k chain the tiers
     held before the log knew it (a restart's restored disk tier, first lookup naming it).
     Store side, once per request: a 128k-token chain stored into an empty CPU index
     (reserve + commit, as a store's planning and completion do) without and with the log
@@ -410,30 +411,56 @@ def measure_scheduler(
     }
 
 
+def paired_hit_times(case: Case, iters: int, log: TierEvents) -> tuple[list[int], list[int]]:
+    """The (b) region timed with events off and on in alternate iterations (so both see the
+    same machine load): the log's listeners detached / attached (untimed) and, when on, the
+    connector's per-lookup event call in the timed region. Returns (off, on) nanoseconds."""
+    m, tokens, blocks, keys = case.manager, case.tokens, case.block_ids, case.keys
+    tiers = m.stack.tiers
+    listeners = [t.index.listener for t in tiers]
+    clock = time.perf_counter_ns
+    off: list[int] = []
+    on: list[int] = []
+    gc.collect()
+    for i in range(2 * (iters + 3)):
+        events = log if i % 2 else None
+        for tier, listener in zip(tiers, listeners, strict=True):
+            tier.index.listener = listener if events is not None else None
+        t0 = clock()
+        hit = m.lookup(REQ_ID, tokens, 0)
+        if events is not None and events.unknown > 0:  # ConnectorEvents.looked_up
+            events.announce_held(REQ_ID, keys)
+        n, is_async = m.plan_load(REQ_ID, hit, len(tokens))  # type: ignore[arg-type]
+        m.on_allocated(REQ_ID, blocks, n, sync=not is_async)
+        sources = m.hit_sources(REQ_ID, n)
+        t1 = clock()
+        undo(m)
+        assert sources == case.expected, (case.name, sources)
+        if i >= 6:
+            (on if events is not None else off).append(t1 - t0)
+    for tier, listener in zip(tiers, listeners, strict=True):
+        tier.index.listener = listener
+    return off, on
+
+
 def measure_events(case: Case, iters: int) -> dict[str, Any]:
-    """Part (c): the hit path with the event log attached vs none (alternated), the
-    one-time announcement of a chain held but never announced, and (128k cases) the store
-    side's bookkeeping."""
+    """Part (c): the hit path with the event log attached vs none (paired, ``REPEATS``
+    times), the one-time announcement of a chain held but never announced, and (128k
+    cases) the store side's bookkeeping."""
     stack = case.manager.stack
+    log = TierEvents(stack, case.chunk_tokens // BLOCK_TOKENS)
+    # The tiers hold the chain and the log has no identity for it yet (a restart's case).
+    t0 = time.perf_counter_ns()
+    announced = log.announce_held(REQ_ID, case.keys)
+    announce_us = (time.perf_counter_ns() - t0) / 1e3
+    assert announced == sum(len(t.index) for t in stack.tiers), announced
+    assert len(log.take()) == len(stack.tiers) and log.unknown == 0
     off: list[float] = []
     on: list[float] = []
-    announce_us = 0.0
-    for rep in range(REPEATS):
-        for tier in stack.tiers:
-            tier.index.listener = None
-        off.append(measure_scheduler(case, iters)["total"]["median_us"])
-        log = TierEvents(stack, case.chunk_tokens // BLOCK_TOKENS)
-        if rep == 0:  # the tiers hold the chain, the log has no identity for it yet
-            t0 = time.perf_counter_ns()
-            announced = log.announce_held(REQ_ID, case.keys)
-            announce_us = (time.perf_counter_ns() - t0) / 1e3
-            assert announced == sum(len(t.index) for t in stack.tiers), announced
-            assert len(log.take()) == len(stack.tiers)
-        else:
-            log.announce_held(REQ_ID, case.keys)
-            log.take()
-        assert log.unknown == 0
-        on.append(measure_scheduler(case, iters, events=log)["total"]["median_us"])
+    for _ in range(REPEATS):
+        a, b = paired_hit_times(case, iters, log)
+        off.append(stats_ns(a)["median_us"])
+        on.append(stats_ns(b)["median_us"])
         assert not log.pending(), "the hit path recorded an event"
     for tier in stack.tiers:
         tier.index.listener = None
@@ -637,8 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "store delta",
             ],
             rows_c,
-            title=f"(c) tier events: (b) with the event log on vs off (best medians of "
-            f"{REPEATS} alternations), one-time announcement of a held chain, store side",
+            title=f"(c) tier events: (b) with the event log on vs off (paired iterations, best "
+            f"medians of {REPEATS} runs), one-time announcement of a held chain, store side",
         )
     )
 
