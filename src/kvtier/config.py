@@ -128,6 +128,13 @@ class KVTierConfig:
     """Also store chunks made of generated tokens, when the request finishes (multi-turn chat
     re-sends the previous answer as part of the next prompt)."""
 
+    events_remote: bool = False
+    """With vLLM's KV events on (``--kv-events-config``), also announce the chunks this
+    engine stores into a shared tier (medium "STORAGE", locality "REMOTE"). Off by default:
+    every engine reading the shared store would announce the same blocks (a router would
+    credit each of them with it), and the store evicts on its own, unseen, so the
+    announcements go stale (see docs/events.md)."""
+
     tiers: tuple[TierSpec, ...] = ()
     """The tier stack, innermost first: a list of mappings with the keys of
     :class:`~kvtier.stack.spec.TierSpec` (``kind``, ``capacity``, ``eviction``, ``path``,
@@ -319,6 +326,7 @@ _PARSERS: dict[str, Any] = {
     "disk_threads": _int(1),
     "namespace": _text,
     "store_output_tokens": _bool,
+    "events_remote": _bool,
     "tiers": _tiers,
     "fault_injection": _faults,
 }

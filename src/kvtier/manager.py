@@ -14,7 +14,7 @@ shared tier cannot hold; a chunk gone by load time fails into recompute.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvtier.config import KVTierConfig
@@ -46,6 +46,15 @@ class ScheduledRequest:
     block_ids: Sequence[int]
     """The request's engine blocks, in token order."""
     prompt_len: int
+
+
+StoreHook = Callable[[str, int, Sequence[Key]], None]
+"""Told ``(req_id, first chunk index, keys)`` of every store planned from a request's engine
+blocks (:class:`CacheManager.on_store_planned`)."""
+
+
+def _no_hook(req_id: str, first: int, keys: Sequence[Key]) -> None:
+    return None
 
 
 def resolve_chunk_tokens(config: KVTierConfig, block_tokens: int) -> int:
@@ -108,6 +117,7 @@ class CacheManager:
         self.deferred = 0
         """Lookups answered "ask again later" (a tier not ready, or a load in flight)."""
         self.steps = 0
+        self.on_store_planned: StoreHook = _no_hook  # tier events learn identities there
 
     @property
     def tiers(self) -> list[StackTier]:
@@ -273,6 +283,7 @@ class CacheManager:
         if not slots:
             return demotions
         todo = todo[: len(slots)]
+        self.on_store_planned(req_id, present, todo)
         store = TransferJob(
             0,
             req_id,
@@ -358,6 +369,12 @@ class CacheManager:
 
     def num_requests(self) -> int:
         return len(self._reqs)
+
+
+def chain_keys(manager: CacheManager, req_id: str) -> Sequence[Key]:
+    """The request's chunk keys computed so far (empty for a request it does not know)."""
+    req = manager._reqs.get(req_id)
+    return req.chain.keys if req is not None else ()
 
 
 def _slots(index: object) -> int:

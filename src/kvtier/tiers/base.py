@@ -46,6 +46,22 @@ class Pending:
 PENDING = Pending()
 
 
+class IndexListener(Protocol):
+    """Hears an index's residency changes, on the index's own thread, as they happen.
+
+    ``ready``: the key became readable (parents are told before their children).
+    ``unready``: a readable key stopped being readable (evicted, dropped, invalidated,
+    hidden while a copy still uses it). ``removed``: the key left the index, in any state.
+    A listener must not call back into the index.
+    """
+
+    def ready(self, key: Key) -> None: ...
+
+    def unready(self, key: Key) -> None: ...
+
+    def removed(self, key: Key) -> None: ...
+
+
 class TierIndex(Protocol):
     """Scheduler-side membership of one tier: which keys it holds, where, in what state.
 
@@ -68,6 +84,9 @@ class TierIndex(Protocol):
     evictions: int
     """Chunks this index evicted so far (0 for a shared one: the store evicts unseen)."""
     record_evictions: bool
+    listener: IndexListener | None
+    """Told of residency changes (tier events); None: nobody listens. A shared index tells
+    only what this engine sees: its own successful stores and failed checks."""
 
     def leading(self, keys: Sequence[Key], start: int = 0) -> int | Pending:
         """Index of the first key at or after ``start`` that is not readable now."""
@@ -133,6 +152,7 @@ class KeyAddressedIndex:
     shared = True
     evictions = 0
     record_evictions = False
+    listener: IndexListener | None = None
 
     def stored_len(self, keys: Sequence[Key]) -> int:
         return 0  # the store skips keys already present
@@ -141,6 +161,10 @@ class KeyAddressedIndex:
         return [NO_SLOT] * len(keys)
 
     def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
+        if self.listener is not None:
+            for key, success in zip(keys, ok, strict=True):
+                if success:
+                    self.listener.ready(key)
         return []
 
     def slots_of(self, keys: Sequence[Key]) -> list[int]:
@@ -159,6 +183,8 @@ class KeyAddressedIndex:
         return None  # the store's own policy decides what stays
 
     def invalidate(self, key: Key) -> list[Key]:
+        if self.listener is not None:
+            self.listener.unready(key)
         return []  # other engines may hold good copies; a bad value is just a miss
 
     def take_evicted(self) -> list[tuple[Key, int, Key | None]]:

@@ -24,6 +24,7 @@ from operator import itemgetter
 
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
+from kvtier.tiers.base import IndexListener
 
 STORING = 0
 READY = 1
@@ -110,6 +111,9 @@ class SlotIndex:
         self._evicted: list[tuple[Key, int, Key | None]] = []
         self.recency = RecencyMemo()
         """Told of every change of the policy's order, so a no-op touch is skipped."""
+        self.listener: IndexListener | None = None
+        """Told when a key becomes readable, stops being readable, or leaves (tier events,
+        :mod:`kvtier.events`); None (default) costs one test per change."""
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -237,11 +241,14 @@ class SlotIndex:
 
     def _promote(self, key: Key) -> None:
         stack = [key]
-        while stack:
+        listener = self.listener
+        while stack:  # depth first from ``key``: every parent is told before its children
             k = stack.pop()
             e = self._entries[k]
             e.state = READY
             e.done = False
+            if listener is not None:
+                listener.ready(k)
             stack.extend(
                 c for c in e.children if self._entries[c].done and not self._entries[c].doomed
             )
@@ -338,11 +345,11 @@ class SlotIndex:
         for k in reversed(order):
             e = self._entries[k]
             busy = e.pins > 0 or _writing(e)
-            if busy:
-                e.doomed = True
-                continue
-            if e.children:
-                # A busy descendant survives as doomed; keep this node until it goes.
+            if busy or e.children:
+                # A busy node, or one a busy descendant keeps (as doomed): hidden now,
+                # removed when that copy ends.
+                if self.listener is not None and e.state == READY and not e.doomed:
+                    self.listener.unready(k)
                 e.doomed = True
                 continue
             self._remove(k, evicted=False)
@@ -352,6 +359,10 @@ class SlotIndex:
     def _remove(self, key: Key, evicted: bool) -> None:
         e = self._entries.pop(key)
         del self._slots[key]
+        if self.listener is not None:
+            if e.state == READY and not e.doomed:
+                self.listener.unready(key)
+            self.listener.removed(key)
         if e.parent is not None:
             p = self._entries.get(e.parent)
             if p is not None:
@@ -452,6 +463,8 @@ def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | No
         if parent is not None:
             index._entries[parent].children.append(key)
         index.policy.insert(key)
+        if index.listener is not None:
+            index.listener.ready(key)
     index.recency.changed()
     # Lowest free slots first, as on a fresh index.
     index._free = [s for s in range(index.num_slots - 1, -1, -1) if s not in taken]

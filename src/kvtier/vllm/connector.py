@@ -25,6 +25,7 @@ Step timeline on a worker:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +49,7 @@ from kvtier.tiers.disk.kind import rank_dir
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.regions import KVRegions
+from kvtier.vllm.events import ConnectorEvents, events_enabled
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.stats import KVTierPromMetrics, KVTierStats
@@ -55,6 +57,7 @@ from kvtier.worker import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -158,6 +161,8 @@ class KVTierConnector(KVConnectorBase_V1):
         self.setup = _Setup(vllm_config, kv_cache_config)
         self.manager: CacheManager | None = None
         self.worker: WorkerSide | None = None
+        self.events: ConnectorEvents | None = None
+        """Tier events for KV-aware routers; only while the engine publishes KV events."""
         self._requests: dict[str, Request] = {}
         self._planned_async: dict[str, bool] = {}
         self.preemptions = 0
@@ -176,6 +181,14 @@ class KVTierConnector(KVConnectorBase_V1):
                 num_workers=s.world_size,
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
             )
+            if events_enabled(vllm_config):
+                self.events = ConnectorEvents(
+                    self.manager,
+                    self._requests,
+                    kv_cache_config,
+                    s.block_tokens,
+                    remote=s.config.events_remote,
+                )
             kvt = self._kv_transfer_config
             if kvt.kv_load_failure_policy != "recompute":
                 # A tier miss or failed copy must mean "recompute", never a failed request.
@@ -214,6 +227,8 @@ class KVTierConnector(KVConnectorBase_V1):
         )
         if hit is None:
             return None, False
+        if self.events is not None:
+            self.events.looked_up(request)
         n, is_async = self.manager.plan_load(request.request_id, hit, request.num_tokens)
         self._planned_async[request.request_id] = is_async
         timeline.event("sched.lookup", req=request.request_id, tokens=n, is_async=is_async)
@@ -293,17 +308,25 @@ class KVTierConnector(KVConnectorBase_V1):
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self.manager is not None
         req_id = request.request_id
-        self._requests.pop(req_id, None)
         self._planned_async.pop(req_id, None)
         delay = self.manager.request_finished(
             req_id, request.all_token_ids, request.num_computed_tokens, block_ids
         )
+        self._requests.pop(req_id, None)  # after its last stores are planned (tier events)
+        if self.events is not None:
+            self.events.finished(req_id)
         return delay, None
 
     def has_pending_push_work(self) -> bool:
         # Keep the engine stepping while stores are in flight, so their completion reaches
         # the scheduler (and the chunks become hits) even when no request is running.
+        if self.events is not None and self.events.pending():
+            return True  # events left over by a bounded take: publish them on later steps
         return self.manager is not None and self.manager.has_pending_jobs()
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        # vLLM drains this every step, events on or off: with them off there is no log.
+        return self.events.take() if self.events is not None else ()
 
     def reset_cache(self) -> bool | None:
         return self.manager.reset() if self.manager is not None else None

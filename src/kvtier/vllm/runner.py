@@ -10,6 +10,7 @@ SPEC (JSON)::
     {"model": "<dir>" | null (SmolLM2), "engine": {LLM keyword overrides},
      "connector": {kv_connector_extra_config} | null, "by_name": false,
      "multiprocess": false, "inspect": false, "threads": null (see below),
+     "kv_events": {KVEventsConfig fields} | null, "inspect_keys": false,
      "program": [
         {"op": "serve", "name": "...", "requests": [{"id": "a", "prompt": [ids],
           "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>"}],
@@ -24,8 +25,11 @@ prompt is that request's prompt + its output (without a final end-of-sequence to
 ``prompt`` (multi-turn chat). ``reset_prefix_cache`` drops the engine's own prefix cache
 (and kvtier's tiers too with ``"connector": true``). ``drain`` steps the idle engine until
 kvtier has no job in flight. OUT holds every op's results and, with ``inspect``, kvtier's
-internal state (in-process engines only). With ``$KVTIER_PROGRESS`` set, the number of
-requests finished so far (all ops) is written to that file as they finish.
+internal state (in-process engines only), with ``inspect_keys`` also every tier's readable
+chunk keys and the key seed. ``kv_events`` turns vLLM's KV events on (``KVEventsConfig``
+fields); OUT's ``events_last_seq`` is then the last batch published. With
+``$KVTIER_PROGRESS`` set, the number of requests finished so far (all ops) is written to
+that file as they finish.
 
 ``threads``: the engine's compute threads, set explicitly whether or not a connector is
 configured (default :func:`kvtier.bench.binding.default_threads`), so that engines a
@@ -85,6 +89,10 @@ def build_llm(spec: dict[str, Any]) -> Any:
         if not spec.get("by_name"):
             kvt["kv_connector_module_path"] = "kvtier.vllm"
         kw["kv_transfer_config"] = KVTransferConfig(**kvt)
+    if spec.get("kv_events"):
+        from vllm.config import KVEventsConfig
+
+        kw["kv_events_config"] = KVEventsConfig(**spec["kv_events"])
     return LLM(**kw)
 
 
@@ -205,8 +213,9 @@ def drain(llm: Any, timeout: float = 30.0) -> None:
         core.step()
 
 
-def inspect(llm: Any) -> dict[str, Any]:
-    """kvtier's scheduler- and worker-side state after the program (in-process only)."""
+def inspect(llm: Any, keys: bool = False) -> dict[str, Any]:
+    """kvtier's scheduler- and worker-side state after the program (in-process only);
+    ``keys``: also every authoritative tier's readable chunk keys (hex) and the key seed."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     conn = _connector(llm)
@@ -217,7 +226,8 @@ def inspect(llm: Any) -> dict[str, Any]:
     for index in slot_tiers:
         index.check()
     worker: Any = getattr(get_kv_transfer_group(), "worker", None)
-    return {
+    out = _inspect_events(conn, keys)
+    return out | {
         "metrics": conn.totals.to_dict(),
         "hit_sources": [
             [rid, {s.label: n for s, n in srcs.items()}] for rid, srcs in m.recent_hit_sources
@@ -240,6 +250,42 @@ def inspect(llm: Any) -> dict[str, Any]:
     }
 
 
+def _inspect_events(conn: Any, keys: bool) -> dict[str, Any]:
+    m = conn.manager
+    out: dict[str, Any] = {}
+    if keys:
+        out["key_seed"] = m.namespace.seed().hex()
+        out["tier_keys"] = {
+            t.name: sorted(k.hex() for k in t.index.ready_keys()) for t in m.tiers if not t.shared
+        }
+    if conn.events is not None:
+        out["events"] = {
+            "dropped_runs": conn.events.dropped_runs,
+            "unknown": conn.events.log.unknown,
+            "identities": len(conn.events.log.identities),
+        }
+    return out
+
+
+def _flush_events(llm: Any) -> int:
+    """Publish what kvtier's events still hold, let the publisher send it; the last
+    sequence number published (-1: none)."""
+    core = llm.llm_engine.engine_core.engine_core
+    conn = _connector(llm)
+    for _ in range(100):
+        core.step()
+        if conn is None or conn.events is None or not conn.events.pending():
+            break
+    publisher = core.scheduler.kv_event_publisher
+    deadline = time.monotonic() + 10.0
+    queue = getattr(publisher, "_event_queue", None)
+    while queue is not None and not queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the PUB socket sends from its own thread
+    buffer = getattr(publisher, "_buffer", None)
+    return buffer[-1][0] if buffer else -1
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     llm = build_llm(spec)
@@ -257,7 +303,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             raise ValueError(f"runner: unknown op {kind!r}")
     if spec.get("inspect") and _connector(llm) is not None:
-        out["kvtier"] = inspect(llm)
+        out["kvtier"] = inspect(llm, bool(spec.get("inspect_keys")))
+    if spec.get("kv_events"):
+        out["events_last_seq"] = _flush_events(llm)
     out["binding"] = llm.collective_rpc("kvtier_binding")[0]
     return out
 
