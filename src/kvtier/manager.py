@@ -131,7 +131,6 @@ class CacheManager:
             req = self._reqs[req_id] = RequestState(chain, unkeyable=bool(inputs.unkeyable))
             if inputs.unkeyable:
                 self.metrics.inc("unkeyable_requests", 1, inputs.unkeyable)
-                log.debug("kvtier: request %s not keyable (%s)", req_id, inputs.unkeyable)
         return req
 
     def lookup(
@@ -146,16 +145,12 @@ class CacheManager:
         cannot answer yet, or a chunk of the hit is still being loaded for another request,
         which will make it a local hit of the engine's own cache).
 
-        ``inputs``: what besides token ids shapes the request's KV (read at its first
-        lookup). A request whose ``inputs.unkeyable`` is set has no hit and is never stored
-        (counted once in ``unkeyable_requests``).
-
+        ``inputs`` (read at the first lookup): with ``unkeyable`` set, never a hit nor a store.
         Side-effect free apart from computing the request's keys once (and starting a
         shared tier's probe).
         """
         req = self._request(req_id, inputs)
         if req.unkeyable:
-            req.hit = None
             return Hit(num_computed, num_computed, ())
         req.chain.update(tokens)
         keys = req.chain.keys
@@ -255,9 +250,7 @@ class CacheManager:
     ) -> list[TransferJob]:
         """The store of the request's newly complete chunks into its entry tier, preceded
         by the demotions of the chunks that evicts; [] when there is none."""
-        req = self._reqs.get(req_id)
-        if req is None:
-            req = self._request(req_id)
+        req = self._reqs.get(req_id) or self._request(req_id)
         if req.unkeyable:
             return []
         c, bpc = self.chunk_tokens, self.blocks_per_chunk
