@@ -214,9 +214,7 @@ def test_per_chunk_inputs_match_definition(spans, chunk, data):
     while cut < len(toks):
         cut = data.draw(st.integers(cut + 1, len(toks)))
         chain.update(toks[:cut])
-    extras = {
-        i: inputs.chunk_text(i * chunk, (i + 1) * chunk) for i in range(len(toks) // chunk)
-    }
+    extras = {i: inputs.chunk_text(i * chunk, (i + 1) * chunk) for i in range(len(toks) // chunk)}
     assert chain.keys == reference_keys(toks, chunk, NS.seed(inputs), NS.hash_key, extras)
 
 
