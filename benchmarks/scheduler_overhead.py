@@ -48,11 +48,19 @@ single-tier hit (all HOST) and a mixed one (first half HOST, second half DISK):
     on its own (``observe 1st``: the chain's first reuse, which promotes it; ``observe
     again``: a later reuse), on fresh indexes holding the chain.
 
+(c) *Key cost*, once per request: a request's chunk keys from its token ids (a Python list)
+    with today's keys (format 3: chained keyed BLAKE3, 20 bytes; native chain, public key and
+    with a secret) against the previous keys (format 2: chained xxh3-128, 16 bytes, written in
+    ``key_cost.py`` as the baseline), for 16-, 32- and 256-token chunks; at 128k also the
+    blake3-package fallback (no native chain). Part (b) at 128k is timed a second time with
+    previous-format keys in the indexes (``prev keys`` column), so the scheduler cost with
+    the new keys stands next to the cost with today's main's.
+
 The tiers' eviction policy is the connector's default (``--eviction`` picks another, e.g.
 ``lru`` for the figures before chain-arc became the default).
 
 Targets (the design's and the tier-stack issue's): (a) kvtier >= 1,000x faster than the sweep
-at 128k; (b) <= 1 ms at 128k.
+at 128k; (b) <= 1 ms at 128k (the newer goal: 0.3 ms).
 
 Python's garbage collector stays enabled (as in a server); medians absorb its pauses.
 Run: ``.venv/bin/python benchmarks/scheduler_overhead.py [--quick] [--json PATH]``.
@@ -70,6 +78,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import fmt_time_us, format_table, machine_info, stats_ns, write_json
+from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
@@ -92,6 +101,8 @@ LAYOUT = KVLayout.dense(30, 3, 64, "bfloat16")  # SmolLM2-135M
 SYNC_BUDGET_BYTES = 1 << 40
 TARGET_SPEEDUP_128K = 1000.0
 TARGET_SCHED_MS_128K = 1.0
+NEWER_TARGET_SCHED_MS_128K = 0.3
+KEY_CHUNK_TOKENS = (16, 32, 256)
 REQ_ID = "req-0"
 
 # -- the baseline: vLLM's sort-and-sweep ---------------------------------------------------
@@ -183,12 +194,19 @@ def new_policy(n: int) -> EvictionPolicy:
     return make_eviction_policy(EVICTION, n)
 
 
-def build_case(chunk_tokens: int, hit_tokens: int, mix: str, seed: int = 0) -> Case:
-    """A manager whose tier(s) hold the request's chain, plus the baseline's inputs."""
+def build_case(
+    chunk_tokens: int, hit_tokens: int, mix: str, seed: int = 0, *, legacy: bool = False
+) -> Case:
+    """A manager whose tier(s) hold the request's chain, plus the baseline's inputs.
+    ``legacy``: the chain has the previous format's 16-byte keys (the manager's request
+    state is given them, as ``lookup_keys`` does)."""
     rng = random.Random(seed)
     tokens = [rng.randrange(49152) for _ in range(hit_tokens + TAIL_TOKENS)]
     namespace = Namespace("HuggingFaceTB/SmolLM2-135M", LAYOUT.digest())
-    keys = chunk_keys(tokens, chunk_tokens, namespace.seed())
+    if legacy:
+        keys = legacy_chunk_keys(tokens, chunk_tokens, LEGACY_SEED)
+    else:
+        keys = chunk_keys(tokens, chunk_tokens, namespace.seed())
     n = len(keys)
     assert n * chunk_tokens == hit_tokens
     half = n // 2
@@ -217,6 +235,8 @@ def build_case(chunk_tokens: int, hit_tokens: int, mix: str, seed: int = 0) -> C
         runs = [HitRun(0, split, HitSource.HOST), HitRun(split, hit_tokens, HitSource.DISK)]
         per_chunk = [HitSource.HOST] * half + [HitSource.DISK] * (n - half)
     manager = CacheManager(config, LAYOUT, namespace, BLOCK_TOKENS, stack)
+    if legacy:  # the tail (< 1 chunk) adds no key, so lookups use exactly these
+        manager._request(REQ_ID).chain.keys[:] = keys
     num_blocks = -(-len(tokens) // BLOCK_TOKENS)
     block_ids = list(range(num_blocks))
     rng.shuffle(block_ids)
@@ -416,6 +436,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 b = measure_scheduler(case, iters)
                 b["after_other"] = measure_scheduler(case, iters, after_other=True)["total"]
                 b["observe"] = measure_observe(case, iters)
+                if hit_tokens == HIT_TOKENS[-1]:
+                    del case
+                    gc.collect()
+                    old = build_case(c, hit_tokens, mix, legacy=True)
+                    measure_sources(old, max(3, iters // 10))  # its own warm-up lookup
+                    b["legacy_keys"] = measure_scheduler(old, iters)["total"]
+                    b["legacy_keys_after_other"] = measure_scheduler(old, iters, after_other=True)[
+                        "total"
+                    ]
+                    case = old
                 results.append(
                     {
                         "case": case.name,
@@ -478,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fmt_time_us(b["total"]["median_us"]),
                 fmt_time_us(b["total"]["p90_us"]),
                 fmt_time_us(b["after_other"]["median_us"]),
+                fmt_time_us(b["legacy_keys"]["median_us"]) if "legacy_keys" in b else "-",
                 fmt_time_us(p["lookup"]),
                 fmt_time_us(p["plan_load"]),
                 fmt_time_us(p["on_allocated"]),
@@ -496,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "total median",
                 "total p90",
                 "after other",
+                "prev keys",
                 "lookup",
                 "plan_load",
                 "on_allocated",
@@ -505,7 +537,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
             rows_b,
             title="(b) whole scheduler-side cost of the hit, keys already computed "
-            "(lookup + plan_load + on_allocated + hit_sources)",
+            "(lookup + plan_load + on_allocated + hit_sources; prev keys: the same with "
+            "the previous 16-byte keys)",
+        )
+    )
+    key_rows, key_cost = [], []
+    for c in KEY_CHUNK_TOKENS:
+        for hit_tokens in HIT_TOKENS:
+            toks = [random.Random(1).randrange(49152) for _ in range(hit_tokens)]
+            big = hit_tokens == HIT_TOKENS[-1]
+            kc = measure_key_cost(toks, c, max(5, iters // 4), fallback=big and c <= 32)
+            kc.update(chunk_tokens=c, hit_tokens=hit_tokens)
+            key_cost.append(kc)
+            fb = kc.get("blake3_python_fallback_ms")
+            key_rows.append(
+                [
+                    f"{hit_tokens // 1024}k/c{c}",
+                    kc["chunks"],
+                    fmt_time_us(kc["legacy_xxh3"]["median_us"]),
+                    fmt_time_us(kc["blake3"]["median_us"]),
+                    fmt_time_us(kc["blake3_keyed"]["median_us"]),
+                    f"{kc['ratio_vs_legacy']:.2f}x",
+                    f"{fmt_time_us(kc['legacy_xxh3']['min_us'])} / "
+                    f"{fmt_time_us(kc['legacy_xxh3']['p90_us'])}",
+                    f"{fmt_time_us(kc['blake3']['min_us'])} / "
+                    f"{fmt_time_us(kc['blake3']['p90_us'])}",
+                    "-" if fb is None else fmt_time_us(fb * 1e3),
+                ]
+            )
+    print()
+    print(
+        format_table(
+            [
+                "hit/chunk",
+                "chunks",
+                "prev (xxh3)",
+                "blake3",
+                "blake3 keyed",
+                "new/prev",
+                "prev best/p90",
+                "blake3 best/p90",
+                "no native",
+            ],
+            key_rows,
+            title="(c) key cost once per request: token ids -> chunk keys (median; "
+            "prev = the previous format's xxh3-128 chain, measured in this run)",
         )
     )
 
@@ -517,6 +593,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     k128 = 128 << 10
+
+    def kpick(c: int) -> dict[str, Any]:
+        return next(k for k in key_cost if k["chunk_tokens"] == c and k["hit_tokens"] == k128)
+
     main_case = pick(16, k128, "host")
     speedup = main_case["hit_sources"]["speedup_hit_sources"]
     sched_ms = main_case["scheduler"]["total"]["median_us"] / 1e3
@@ -552,6 +632,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "observe_later_reuse_ms_128k": main_case["scheduler"]["observe"]["again"]["median_us"]
         / 1e3,
         "eviction": EVICTION,
+        "scheduler_cost_ms_128k_legacy_keys": main_case["scheduler"]["legacy_keys"]["median_us"]
+        / 1e3,
+        "scheduler_cost_ms_128k_mixed_legacy_keys": pick(16, k128, "host+disk")["scheduler"][
+            "legacy_keys"
+        ]["median_us"]
+        / 1e3,
+        "key_cost_ms_128k": kpick(16)["blake3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_keyed": kpick(16)["blake3_keyed"]["median_us"] / 1e3,
+        "key_cost_ms_128k_legacy": kpick(16)["legacy_xxh3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_chunk32": kpick(32)["blake3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_chunk32_legacy": kpick(32)["legacy_xxh3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_no_native": kpick(16).get("blake3_python_fallback_ms"),
+        "newer_target_scheduler_ms_128k": NEWER_TARGET_SCHED_MS_128K,
+        "newer_scheduler_target_met": sched_ms <= NEWER_TARGET_SCHED_MS_128K,
         "target_speedup_128k": TARGET_SPEEDUP_128K,
         "target_scheduler_ms_128k": TARGET_SCHED_MS_128K,
         "speedup_target_met": speedup >= TARGET_SPEEDUP_128K,
@@ -586,6 +680,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{summary['observe_first_reuse_ms_128k']:.3f} ms at its first reuse, "
         f"{summary['observe_later_reuse_ms_128k']:.3f} ms later"
     )
+    print(
+        f"      with the previous 16-byte keys in the indexes: "
+        f"{summary['scheduler_cost_ms_128k_legacy_keys']:.3f} ms (mixed "
+        f"{summary['scheduler_cost_ms_128k_mixed_legacy_keys']:.3f} ms); newer target <= "
+        f"{NEWER_TARGET_SCHED_MS_128K} ms: "
+        f"{'MET' if summary['newer_scheduler_target_met'] else 'MISSED'}"
+    )
+    no_native = summary["key_cost_ms_128k_no_native"]
+    print(
+        f"  (c) key cost once per 128k request (16-token chunks): "
+        f"{summary['key_cost_ms_128k']:.2f} ms BLAKE3 ({summary['key_cost_ms_128k_keyed']:.2f} "
+        f"keyed) vs {summary['key_cost_ms_128k_legacy']:.2f} ms previous xxh3; 32-token: "
+        f"{summary['key_cost_ms_128k_chunk32']:.2f} vs "
+        f"{summary['key_cost_ms_128k_chunk32_legacy']:.2f} ms; without the native chain "
+        f"{no_native:.2f} ms"
+    )
     write_json(
         args.json,
         {
@@ -610,6 +720,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "eviction": EVICTION,
             },
             "cases": results,
+            "key_cost": key_cost,
         },
     )
     return 0
