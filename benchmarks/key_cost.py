@@ -23,7 +23,7 @@ import xxhash
 
 from common import stats_ns
 from kvtier import keyhash
-from kvtier.keys import GROUP_CHUNKS, TAG_BYTES, Key, KeyChain, Namespace
+from kvtier.keys import GROUP_CHUNKS, TAG_BYTES, Key, Namespace
 
 LEGACY_KEY_BYTES = 16
 
@@ -108,6 +108,3 @@ def measure_key_cost(
     if fallback:
         out["blake3_python_fallback_ms"] = _fallback_ms(len(tokens), chunk_tokens, 5)
     return out
-
-
-__all__ = ["LEGACY_KEY_BYTES", "KeyChain", "legacy_chunk_keys", "measure_key_cost"]

@@ -114,14 +114,6 @@ static void hash32(const uint32_t key[8], uint32_t flags, const uint8_t *p, size
     for (int i = 0; i < 8; i++) store32(out + 4 * i, cv[i]);
 }
 
-/* Keyed BLAKE3 of p[0:len] (the tests compare it with the blake3 package). */
-void kvt_keyed_hash(const uint8_t key_bytes[32], const uint8_t *p, int64_t len,
-                    uint8_t out[CV_BYTES]) {
-    uint32_t key[8];
-    for (int i = 0; i < 8; i++) key[i] = load32(key_bytes + 4 * i);
-    hash32(key, KEYED_HASH, p, (size_t)len, out);
-}
-
 /* The chain: out[i] = BLAKE3(key, out[i-1] || extras[i] || data[i]), out[-1] = seed, where
  * data[i] is the i-th `step`-byte piece of `data` and extras[i] 32 bytes (zeros when
  * `extras` is NULL). `out` holds n * 32 bytes. Returns 0, or -1 when out of memory. */
