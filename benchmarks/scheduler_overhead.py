@@ -59,13 +59,20 @@ single-tier hit (all HOST) and a mixed one (first half HOST, second half DISK):
     (reserve + commit, as a store's planning and completion do) without and with the log
     (``learn`` + the index's notifications + ``take``); the vLLM event objects are built
     from those runs by :mod:`kvtier.vllm.events` and not timed here.
+(d) *Key cost*, once per request: a request's chunk keys from its token ids (a Python list)
+    with today's keys (format 3: chained keyed BLAKE3, 20 bytes; native chain, public key and
+    with a secret) against the previous keys (format 2: chained xxh3-128, 16 bytes, written in
+    ``key_cost.py`` as the baseline), for 16-, 32- and 256-token chunks; at 128k also the
+    blake3-package fallback (no native chain). Part (b) at 128k is timed a second time with
+    previous-format keys in the indexes (``prev keys`` column), so the scheduler cost with
+    the new keys stands next to the cost with today's main's.
 
 The tiers' eviction policy is the connector's default (``--eviction`` picks another, e.g.
 ``lru`` for the figures before chain-arc became the default).
 
 Targets (the design's, the tier-stack and the tier-events issues'): (a) kvtier >= 1,000x
-faster than the sweep at 128k; (b) <= 1 ms at 128k; (c) events on add <= 0.1 ms to (b) at
-128k (worst of the repeats; the store side is reported, not targeted).
+faster than the sweep at 128k; (b) <= 1 ms at 128k (the newer goal: 0.3 ms); (c) events on
+add <= 0.1 ms to (b) at 128k (worst of the repeats; the store side is reported, not targeted).
 
 Python's garbage collector stays enabled (as in a server); medians absorb its pauses.
 Run: ``.venv/bin/python benchmarks/scheduler_overhead.py [--quick] [--json PATH]``.
@@ -83,6 +90,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import fmt_time_us, format_table, machine_info, stats_ns, write_json
+from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.events import TierEvents
 from kvtier.jobs import JobResult, WorkerReport
@@ -111,6 +119,8 @@ TARGET_EVENTS_MS_128K = 0.1
 """Event bookkeeping's budget per 128k-token request (the tier-events issue)."""
 REPEATS = 3
 """Alternations of events off / on in (c)."""
+NEWER_TARGET_SCHED_MS_128K = 0.3
+KEY_CHUNK_TOKENS = (16, 32, 256)
 REQ_ID = "req-0"
 
 # -- the baseline: vLLM's sort-and-sweep ---------------------------------------------------
@@ -202,12 +212,19 @@ def new_policy(n: int) -> EvictionPolicy:
     return make_eviction_policy(EVICTION, n)
 
 
-def build_case(chunk_tokens: int, hit_tokens: int, mix: str, seed: int = 0) -> Case:
-    """A manager whose tier(s) hold the request's chain, plus the baseline's inputs."""
+def build_case(
+    chunk_tokens: int, hit_tokens: int, mix: str, seed: int = 0, *, legacy: bool = False
+) -> Case:
+    """A manager whose tier(s) hold the request's chain, plus the baseline's inputs.
+    ``legacy``: the chain has the previous format's 16-byte keys (the manager's request
+    state is given them, as ``lookup_keys`` does)."""
     rng = random.Random(seed)
     tokens = [rng.randrange(49152) for _ in range(hit_tokens + TAIL_TOKENS)]
     namespace = Namespace("HuggingFaceTB/SmolLM2-135M", LAYOUT.digest())
-    keys = chunk_keys(tokens, chunk_tokens, namespace.seed())
+    if legacy:
+        keys = legacy_chunk_keys(tokens, chunk_tokens, LEGACY_SEED)
+    else:
+        keys = chunk_keys(tokens, chunk_tokens, namespace.seed())
     n = len(keys)
     assert n * chunk_tokens == hit_tokens
     half = n // 2
@@ -236,6 +253,10 @@ def build_case(chunk_tokens: int, hit_tokens: int, mix: str, seed: int = 0) -> C
         runs = [HitRun(0, split, HitSource.HOST), HitRun(split, hit_tokens, HitSource.DISK)]
         per_chunk = [HitSource.HOST] * half + [HitSource.DISK] * (n - half)
     manager = CacheManager(config, LAYOUT, namespace, BLOCK_TOKENS, stack)
+    if legacy:  # the tail (< 1 chunk) adds no key, so lookups use exactly these keys, as
+        # other objects than the indexes' (as the manager's own chain makes them): a dict
+        # finding the very object it holds skips comparing bytes.
+        manager._request(REQ_ID).chain.keys[:] = [bytes(memoryview(k)) for k in keys]
     num_blocks = -(-len(tokens) // BLOCK_TOKENS)
     block_ids = list(range(num_blocks))
     rng.shuffle(block_ids)
@@ -541,6 +562,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 b["after_other"] = measure_scheduler(case, iters, after_other=True)["total"]
                 b["observe"] = measure_observe(case, iters)
                 b["events"] = measure_events(case, iters)
+                if hit_tokens == HIT_TOKENS[-1]:
+                    del case
+                    gc.collect()
+                    old = build_case(c, hit_tokens, mix, legacy=True)
+                    measure_sources(old, max(3, iters // 10))  # its own warm-up lookup
+                    b["legacy_keys"] = measure_scheduler(old, iters)["total"]
+                    b["legacy_keys_after_other"] = measure_scheduler(old, iters, after_other=True)[
+                        "total"
+                    ]
+                    case = old
                 results.append(
                     {
                         "case": case.name,
@@ -603,6 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fmt_time_us(b["total"]["median_us"]),
                 fmt_time_us(b["total"]["p90_us"]),
                 fmt_time_us(b["after_other"]["median_us"]),
+                fmt_time_us(b["legacy_keys"]["median_us"]) if "legacy_keys" in b else "-",
                 fmt_time_us(p["lookup"]),
                 fmt_time_us(p["plan_load"]),
                 fmt_time_us(p["on_allocated"]),
@@ -621,6 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "total median",
                 "total p90",
                 "after other",
+                "prev keys",
                 "lookup",
                 "plan_load",
                 "on_allocated",
@@ -630,7 +663,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
             rows_b,
             title="(b) whole scheduler-side cost of the hit, keys already computed "
-            "(lookup + plan_load + on_allocated + hit_sources)",
+            "(lookup + plan_load + on_allocated + hit_sources; prev keys: the same with "
+            "the previous 16-byte keys)",
+        )
+    )
+    key_rows, key_cost = [], []
+    for c in KEY_CHUNK_TOKENS:
+        for hit_tokens in HIT_TOKENS:
+            toks = [random.Random(1).randrange(49152) for _ in range(hit_tokens)]
+            big = hit_tokens == HIT_TOKENS[-1]
+            kc = measure_key_cost(toks, c, max(5, iters // 4), fallback=big and c <= 32)
+            kc.update(chunk_tokens=c, hit_tokens=hit_tokens)
+            key_cost.append(kc)
+            fb = kc.get("blake3_python_fallback_ms")
+            key_rows.append(
+                [
+                    f"{hit_tokens // 1024}k/c{c}",
+                    kc["chunks"],
+                    fmt_time_us(kc["legacy_xxh3"]["median_us"]),
+                    fmt_time_us(kc["blake3"]["median_us"]),
+                    fmt_time_us(kc["blake3_keyed"]["median_us"]),
+                    f"{kc['ratio_vs_legacy']:.2f}x",
+                    f"{fmt_time_us(kc['legacy_xxh3']['min_us'])} / "
+                    f"{fmt_time_us(kc['legacy_xxh3']['p90_us'])}",
+                    f"{fmt_time_us(kc['blake3']['min_us'])} / "
+                    f"{fmt_time_us(kc['blake3']['p90_us'])}",
+                    "-" if fb is None else fmt_time_us(fb * 1e3),
+                ]
+            )
+    print()
+    print(
+        format_table(
+            [
+                "hit/chunk",
+                "chunks",
+                "prev (xxh3)",
+                "blake3",
+                "blake3 keyed",
+                "new/prev",
+                "prev best/p90",
+                "blake3 best/p90",
+                "no native",
+            ],
+            key_rows,
+            title="(d) key cost once per request: token ids -> chunk keys (median; "
+            "prev = the previous format's xxh3-128 chain, measured in this run)",
         )
     )
     rows_c = []
@@ -678,6 +755,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     k128 = 128 << 10
+
+    def kpick(c: int) -> dict[str, Any]:
+        return next(k for k in key_cost if k["chunk_tokens"] == c and k["hit_tokens"] == k128)
+
     main_case = pick(16, k128, "host")
     speedup = main_case["hit_sources"]["speedup_hit_sources"]
     sched_ms = main_case["scheduler"]["total"]["median_us"] / 1e3
@@ -734,6 +815,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "events_target_met": main_case["scheduler"]["events"]["delta_us_worst"] / 1e3
         <= TARGET_EVENTS_MS_128K,
         "eviction": EVICTION,
+        "scheduler_cost_ms_128k_legacy_keys": main_case["scheduler"]["legacy_keys"]["median_us"]
+        / 1e3,
+        "scheduler_cost_ms_128k_mixed_legacy_keys": pick(16, k128, "host+disk")["scheduler"][
+            "legacy_keys"
+        ]["median_us"]
+        / 1e3,
+        "key_cost_ms_128k": kpick(16)["blake3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_keyed": kpick(16)["blake3_keyed"]["median_us"] / 1e3,
+        "key_cost_ms_128k_legacy": kpick(16)["legacy_xxh3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_chunk32": kpick(32)["blake3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_chunk32_legacy": kpick(32)["legacy_xxh3"]["median_us"] / 1e3,
+        "key_cost_ms_128k_no_native": kpick(16).get("blake3_python_fallback_ms"),
+        "newer_target_scheduler_ms_128k": NEWER_TARGET_SCHED_MS_128K,
+        "newer_scheduler_target_met": sched_ms <= NEWER_TARGET_SCHED_MS_128K,
         "target_speedup_128k": TARGET_SPEEDUP_128K,
         "target_scheduler_ms_128k": TARGET_SCHED_MS_128K,
         "speedup_target_met": speedup >= TARGET_SPEEDUP_128K,
@@ -780,6 +875,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" ms for the 128k chain's learn + notifications + take; announcing a held chain "
         f"once (restored tier): {summary['events_announce_held_once_ms_128k']:.3f} ms"
     )
+    print(
+        f"      with the previous 16-byte keys in the indexes: "
+        f"{summary['scheduler_cost_ms_128k_legacy_keys']:.3f} ms (mixed "
+        f"{summary['scheduler_cost_ms_128k_mixed_legacy_keys']:.3f} ms); newer target <= "
+        f"{NEWER_TARGET_SCHED_MS_128K} ms: "
+        f"{'MET' if summary['newer_scheduler_target_met'] else 'MISSED'}"
+    )
+    no_native = summary["key_cost_ms_128k_no_native"]
+    print(
+        f"  (d) key cost once per 128k request (16-token chunks): "
+        f"{summary['key_cost_ms_128k']:.2f} ms BLAKE3 ({summary['key_cost_ms_128k_keyed']:.2f} "
+        f"keyed) vs {summary['key_cost_ms_128k_legacy']:.2f} ms previous xxh3; 32-token: "
+        f"{summary['key_cost_ms_128k_chunk32']:.2f} vs "
+        f"{summary['key_cost_ms_128k_chunk32_legacy']:.2f} ms; without the native chain "
+        f"{no_native:.2f} ms"
+    )
     write_json(
         args.json,
         {
@@ -804,6 +915,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "eviction": EVICTION,
             },
             "cases": results,
+            "key_cost": key_cost,
         },
     )
     return 0

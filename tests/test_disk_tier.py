@@ -743,3 +743,41 @@ def test_random_operations_never_return_wrong_bytes(ops):
     finally:
         tier.close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_previous_format_directories_are_never_misread(tmpdir_path, caplog):
+    """Slots of the previous format (version 1 envelopes: 16-byte keys at other offsets)
+    never validate, even with their checksums right; a version-1 superblock makes the tier
+    reformat the directory."""
+    import struct
+
+    import xxhash
+
+    from kvtier.tiers.disk.format import SUPER_NAME
+    from kvtier.tiers.envelope import HEADER_BYTES, SUMMED_BYTES
+
+    keys = chain(6)
+    tier = DiskTier(tmpdir_path, 8 * CH, CH, NS)
+    assert tier.put(keys, payload(keys)) == 6
+    tier.close()
+    path = tmpdir_path / slab_file_name(0)
+    with open(path, "r+b") as f:  # every written header says version 1, checksum right
+        for slot in range(6):
+            f.seek(slot * HEADER_BYTES)
+            head = bytearray(f.read(HEADER_BYTES))
+            head[4:6] = struct.pack("<H", 1)
+            head[SUMMED_BYTES:] = struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(head[:-8])))
+            f.seek(slot * HEADER_BYTES)
+            f.write(head)
+    again = DiskTier(tmpdir_path, 8 * CH, CH, NS)
+    assert again.restored == 0 and again.prefix_len(keys) == 0
+    again.close()
+    sb = bytearray((tmpdir_path / SUPER_NAME).read_bytes())
+    sb[8:12] = struct.pack("<I", 1)
+    sb[-8:] = struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(sb[:-8])))
+    (tmpdir_path / SUPER_NAME).write_bytes(bytes(sb))
+    assert read_superblock(tmpdir_path) is None
+    fresh = DiskTier(tmpdir_path, 8 * CH, CH, NS)
+    assert fresh.restored == 0 and "reformatting" in caplog.text
+    assert read_superblock(tmpdir_path) is not None
+    fresh.close()

@@ -190,7 +190,7 @@ def test_write_through_disk_serves_what_the_cpu_tier_evicted(tmp_path):
 
 
 def _keys(engine, tokens):
-    chain = KeyChain(engine.manager.namespace.seed(None, None), engine.manager.chunk_tokens)
+    chain = KeyChain(engine.manager.namespace.seed(), engine.manager.chunk_tokens)
     chain.update(tokens)
     return chain.keys
 

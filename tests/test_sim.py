@@ -29,6 +29,7 @@ import pytest
 
 from kvtier.bench.workloads import DEFAULT_TRACE
 from kvtier.errors import ConfigError
+from kvtier.keys import KEY_BYTES
 from kvtier.sim import (
     format_sim,
     load_trace,
@@ -308,7 +309,7 @@ def test_trace_limit_blank_lines_and_partial_block(tmp_path: Path) -> None:
     assert [r.line for r in trace.requests] == [1, 3]
     assert trace.prefix_tokens(0, 1) == 512 and trace.prefix_tokens(0, 2) == 1000
     assert trace.num_blocks == 4 and trace.input_tokens == 2000
-    assert len(trace.keys[0][0]) == 16 and trace.keys[0] == trace.keys[1]
+    assert len(trace.keys[0][0]) == KEY_BYTES and trace.keys[0] == trace.keys[1]
     with pytest.raises(ConfigError, match="cannot open"):
         load_trace(tmp_path / "missing.jsonl")
 

@@ -124,6 +124,17 @@ class KVTierConfig:
     namespace: str = ""
     """Extra text mixed into every key, to keep deployments that must not share KV apart."""
 
+    key_secret_env: str | None = None
+    """Name of an environment variable holding the secret that keys the chunk-key hash
+    (keyed BLAKE3, :mod:`kvtier.keys`); never the secret itself. With a secret, someone who
+    reads chunk names in a shared store or disk directory cannot test guessed prompts against
+    them nor predict a victim's keys. Every engine sharing a tier needs the same secret (a
+    different one is a different namespace: no hits). None (default): no secret."""
+
+    key_secret_file: str | None = None
+    """Path of a file holding that secret (its bytes, one trailing newline ignored; at least
+    16 bytes); the alternative to ``key_secret_env``. None (default): no secret."""
+
     store_output_tokens: bool = True
     """Also store chunks made of generated tokens, when the request finishes (multi-turn chat
     re-sends the previous answer as part of the next prompt)."""
@@ -168,6 +179,8 @@ class KVTierConfig:
                     f"tiers: give the stack either as 'tiers' or with the flat keys, not both "
                     f"(also given: {', '.join(flat)})"
                 )
+        if data.get("key_secret_env") and data.get("key_secret_file"):
+            raise ConfigError("key_secret_env, key_secret_file: give one of them, not both")
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             kwargs[key] = _PARSERS[key](value, key)
@@ -313,6 +326,14 @@ def _text(value: object, name: str) -> str:
     return value
 
 
+def _opt_text(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name}: expected a non-empty string or null, got {value!r}")
+    return value
+
+
 _PARSERS: dict[str, Any] = {
     "chunk_tokens": _int(0),
     "cpu_bytes": _size,
@@ -325,6 +346,8 @@ _PARSERS: dict[str, Any] = {
     "disk_write_policy": _choice(WRITE_POLICIES),
     "disk_threads": _int(1),
     "namespace": _text,
+    "key_secret_env": _opt_text,
+    "key_secret_file": _opt_text,
     "store_output_tokens": _bool,
     "events_remote": _bool,
     "tiers": _tiers,

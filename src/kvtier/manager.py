@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.jobs import StepPlan, TransferJob, WorkerReport
-from kvtier.keys import Key, KeyChain, Namespace
+from kvtier.keyinputs import NO_INPUTS, KeyInputs
+from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.defaults import admission_policy
@@ -133,13 +134,13 @@ class CacheManager:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _request(
-        self, req_id: str, cache_salt: str | None = None, lora: str | None = None
-    ) -> RequestState:
+    def _request(self, req_id: str, inputs: KeyInputs = NO_INPUTS) -> RequestState:
         req = self._reqs.get(req_id)
         if req is None:
-            seed = self.namespace.seed(cache_salt, lora)
-            req = self._reqs[req_id] = RequestState(KeyChain(seed, self.chunk_tokens))
+            chain = self.namespace.key_chain(self.chunk_tokens, inputs)
+            req = self._reqs[req_id] = RequestState(chain, unkeyable=bool(inputs.unkeyable))
+            if inputs.unkeyable:
+                self.metrics.inc("unkeyable_requests", 1, inputs.unkeyable)
         return req
 
     def lookup(
@@ -148,17 +149,19 @@ class CacheManager:
         tokens: Sequence[int],
         num_computed: int,
         *,
-        cache_salt: str | None = None,
-        lora: str | None = None,
+        inputs: KeyInputs = NO_INPUTS,
     ) -> Hit | None:
         """The external hit past ``num_computed`` tokens, or None to ask again later (a tier
         cannot answer yet, or a chunk of the hit is still being loaded for another request,
         which will make it a local hit of the engine's own cache).
 
+        ``inputs`` (read at the first lookup): with ``unkeyable`` set, never a hit nor a store.
         Side-effect free apart from computing the request's keys once (and starting a
         shared tier's probe).
         """
-        req = self._request(req_id, cache_salt, lora)
+        req = self._request(req_id, inputs)
+        if req.unkeyable:
+            return Hit(num_computed, num_computed, ())
         req.chain.update(tokens)
         keys = req.chain.keys
         c = self.chunk_tokens
@@ -257,9 +260,9 @@ class CacheManager:
     ) -> list[TransferJob]:
         """The store of the request's newly complete chunks into its entry tier, preceded
         by the demotions of the chunks that evicts; [] when there is none."""
-        req = self._reqs.get(req_id)
-        if req is None:
-            req = self._request(req_id)
+        req = self._reqs.get(req_id) or self._request(req_id)
+        if req.unkeyable:
+            return []
         c, bpc = self.chunk_tokens, self.blocks_per_chunk
         n_full = min(limit // c, len(block_ids) // bpc)
         if n_full <= 0:

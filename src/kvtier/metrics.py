@@ -24,6 +24,11 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "stored_chunks": ("counter", "Chunks stored, by tier.", ("tier",)),
     "evictions": ("counter", "Chunks evicted, by tier.", ("tier",)),
     "failures": ("counter", "Failed chunk operations, by tier and operation.", ("tier", "op")),
+    "unkeyable_requests": (
+        "counter",
+        "Requests neither loaded nor stored: an input kind chunk keys cannot cover, by kind.",
+        ("input",),
+    ),
     "sync_budget_used_bytes": ("histogram", "Sync-load bytes used per engine step.", ()),
     "sync_budget_bytes": ("gauge", "Current per-step sync-load budget in bytes.", ()),
 }

@@ -37,3 +37,5 @@ class RequestState:
     jobs: set[int] = field(default_factory=set)
     finished: bool = False
     observed: bool = False
+    unkeyable: bool = False
+    """Its inputs include a kind chunk keys cannot cover: never loaded nor stored."""

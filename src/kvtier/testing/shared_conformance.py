@@ -42,7 +42,10 @@ class SharedHarness:
 
 
 def chain(n: int, salt: int = 0) -> list[Key]:
-    return chunk_keys(list(range(salt * 10_000, salt * 10_000 + n * 4)), 4, b"shared-seed")
+    """``n`` chunk keys of 4 tokens; chains of distinct salts share no chunk (the salt is in
+    the seed: token ids must stay below 2**32, salts need not)."""
+    seed = b"shared-seed" + salt.to_bytes(8, "little")
+    return chunk_keys(list(range(n * 4)), 4, seed)
 
 
 def payload(n: int, seed: int) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The tier contract.
 
-A tier stores fixed-size *chunks* (``chunk_bytes`` each) under 16-byte keys. Chunks form
-chains: chunk i's parent is chunk i-1 of the same token sequence. Two interfaces:
+A tier stores fixed-size *chunks* (``chunk_bytes`` each) under ``KEY_BYTES``-byte keys
+(:mod:`kvtier.keys`). Chunks form chains: chunk i's parent is chunk i-1 of the same token
+sequence. Two interfaces:
 
 - :class:`Tier`, the whole tier in one process: what a direct user, the simulator and the
   conformance suite (``kvtier.testing``) use.

@@ -7,14 +7,17 @@ of the payload as soon as it is checksummed, and the checksum is known only at t
 Little-endian, ``struct`` format ``HEADER_FORMAT``::
 
     off size field                          off size field
-    0    4   magic b"KVTS"                  48  16   parent key (zeros when none)
-    4    2   format version (1)             64  16   namespace digest (Namespace.digest())
-    6    2   flags: bit 0 has parent,       80  40   reserved (zeros)
+    0    4   magic b"KVTS"                  52  20   parent key (zeros when none)
+    4    2   format version (2)             72  16   namespace digest (Namespace.digest())
+    6    2   flags: bit 0 has parent,       88  32   reserved (zeros)
              bit 1 parent unknown           120  8   header checksum: xxh3_64 of [0, 120)
     8    8   sequence number (disk: write order; 0 elsewhere)
     16   8   payload length (bytes)
     24   8   payload checksum: xxh3_64(payload, seed = xxh3_64(key || namespace))
-    32  16   key
+    32  20   key (KEY_BYTES)
+
+Version 2 came with 20-byte keys (key format 3, :mod:`kvtier.keys`); a version-1 envelope
+(16-byte keys at other offsets) never parses, so old data reads as absent.
 
 The payload checksum is seeded with the key and namespace, so bytes stored under another
 key or by another namespace (model, layout, rank) never validate, even when a store hands
@@ -28,12 +31,15 @@ from typing import Any, NamedTuple
 
 import xxhash
 
-from kvtier.keys import KEY_BYTES, Key
+from kvtier.keys import KEY_BYTES, NS_BYTES, Key
 
 MAGIC = b"KVTS"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 128
-HEADER_FORMAT = "<4sHHQQQ16s16s16s40sQ"
+KEY_AT, PARENT_AT, NAMESPACE_AT = 32, 52, 72
+"""Byte offsets of the key, parent key and namespace digest fields."""
+RESERVED_BYTES = 120 - NAMESPACE_AT - NS_BYTES
+HEADER_FORMAT = f"<4sHHQQQ{KEY_BYTES}s{KEY_BYTES}s{NS_BYTES}s{RESERVED_BYTES}sQ"
 _HEADER = struct.Struct(HEADER_FORMAT)
 SUMMED_BYTES = HEADER_BYTES - 8
 """The header checksum covers bytes ``[0, SUMMED_BYTES)``."""
@@ -41,7 +47,8 @@ FLAG_HAS_PARENT = 1
 FLAG_PARENT_UNKNOWN = 2
 NO_KEY = bytes(KEY_BYTES)
 
-assert _HEADER.size == HEADER_BYTES
+assert _HEADER.size == HEADER_BYTES and PARENT_AT == KEY_AT + KEY_BYTES
+assert NAMESPACE_AT == PARENT_AT + KEY_BYTES and RESERVED_BYTES >= 0
 
 
 class Envelope(NamedTuple):
@@ -94,7 +101,7 @@ def pack_envelope(
         key,
         parent or NO_KEY,
         namespace,
-        bytes(40),
+        bytes(RESERVED_BYTES),
         0,
     )[:SUMMED_BYTES]
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))

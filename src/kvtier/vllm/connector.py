@@ -40,6 +40,7 @@ from kvtier import timeline
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
+from kvtier.keysecret import read_key_secret
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
@@ -50,6 +51,7 @@ from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.regions import KVRegions
 from kvtier.vllm.events import ConnectorEvents, events_enabled
+from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
 from kvtier.vllm.stats import KVTierPromMetrics, KVTierStats
@@ -125,6 +127,7 @@ class _Setup:
             layout_digest=self.layout.digest(),
             parallel=f"tp{par.tensor_parallel_size}pp{par.pipeline_parallel_size}",
             extra=self.config.namespace,
+            secret=read_key_secret(self.config),
         )
 
     def context(
@@ -217,13 +220,11 @@ class KVTierConnector(KVConnectorBase_V1):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         assert self.manager is not None
-        lora = request.lora_request.lora_name if request.lora_request else None
         hit = self.manager.lookup(
             request.request_id,
             request.all_token_ids,
             num_computed_tokens,
-            cache_salt=request.cache_salt,
-            lora=lora,
+            inputs=key_inputs(request),
         )
         if hit is None:
             return None, False

@@ -41,12 +41,16 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
-from kvtier.keys import KEY_BYTES, Key
+from kvtier.keys import KEY_BYTES, NS_BYTES, Key
 from kvtier.tiers.envelope import (
     FLAG_HAS_PARENT,
     FLAG_PARENT_UNKNOWN,
+    KEY_AT,
     MAGIC,
+    NAMESPACE_AT,
     NO_KEY,
+    PARENT_AT,
+    RESERVED_BYTES,
     SUMMED_BYTES,
     VERSION,
     pack_envelope,
@@ -188,10 +192,10 @@ _RECORD_DTYPE = np.dtype(
         ("seq", "<u8"),
         ("length", "<u8"),
         ("psum", "<u8"),
-        ("key", "V16"),
-        ("parent", "V16"),
-        ("namespace", "V16"),
-        ("reserved", "V40"),
+        ("key", f"V{KEY_BYTES}"),
+        ("parent", f"V{KEY_BYTES}"),
+        ("namespace", f"V{NS_BYTES}"),
+        ("reserved", f"V{RESERVED_BYTES}"),
         ("hsum", "<u8"),
     ]
 )
@@ -199,6 +203,8 @@ PSUM_OFFSET = 24
 """Byte offset of the payload checksum in a header (the native write path fills it in)."""
 assert _RECORD_DTYPE.itemsize == HEADER_BYTES and _RECORD_DTYPE.fields is not None
 assert _RECORD_DTYPE.fields["psum"][1] == PSUM_OFFSET
+assert _RECORD_DTYPE.fields["key"][1] == KEY_AT and _RECORD_DTYPE.fields["parent"][1] == PARENT_AT
+assert _RECORD_DTYPE.fields["namespace"][1] == NAMESPACE_AT
 
 
 def pack_headers(
@@ -218,12 +224,14 @@ def pack_headers(
     rec["version"] = FORMAT_VERSION
     rec["seq"] = np.arange(first_seq, first_seq + n, dtype=np.uint64)
     rec["length"] = length
-    rec["key"] = np.frombuffer(b"".join(keys), dtype="V16")
-    rec["namespace"] = np.frombuffer(namespace, dtype="V16")[0]
+    rec["key"] = np.frombuffer(b"".join(keys), dtype=f"V{KEY_BYTES}")
+    rec["namespace"] = np.frombuffer(namespace, dtype=f"V{NS_BYTES}")[0]
     if parents is None:
         rec["flags"] = FLAG_PARENT_UNKNOWN
     else:
-        rec["parent"] = np.frombuffer(b"".join(p or _NO_KEY for p in parents), dtype="V16")
+        rec["parent"] = np.frombuffer(
+            b"".join(p or _NO_KEY for p in parents), dtype=f"V{KEY_BYTES}"
+        )
         rec["flags"] = [FLAG_HAS_PARENT if p else 0 for p in parents]
     return rec.view(np.uint8).reshape(n, HEADER_BYTES)
 
@@ -244,7 +252,8 @@ def parse_headers(
     raw = np.frombuffer(area, dtype=np.uint8, count=n * HEADER_BYTES).reshape(n, HEADER_BYTES)
     mask = (arr["magic"] == SLOT_MAGIC) & (arr["version"] == FORMAT_VERSION)
     if namespace is not None:
-        mask &= (raw[:, 64:80] == np.frombuffer(namespace, dtype=np.uint8)).all(axis=1)
+        ns = raw[:, NAMESPACE_AT : NAMESPACE_AT + NS_BYTES]
+        mask &= (ns == np.frombuffer(namespace, dtype=np.uint8)).all(axis=1)
     idx = np.flatnonzero(mask)
     mv = memoryview(area).cast("B")
     digest = xxhash.xxh3_64_intdigest
@@ -257,9 +266,10 @@ def parse_headers(
         return []
     good, rows = arr[idx], raw[idx]
     count = int(idx.size)
-    keys, parents, spaces = (
-        _split16(rows[:, a : a + KEY_BYTES].tobytes(), count) for a in (32, 48, 64)
+    keys, parents = (
+        _split(rows[:, a : a + KEY_BYTES].tobytes(), count, KEY_BYTES) for a in (KEY_AT, PARENT_AT)
     )
+    spaces = _split(rows[:, NAMESPACE_AT : NAMESPACE_AT + NS_BYTES].tobytes(), count, NS_BYTES)
     flags = good["flags"]
     unknown = ((flags & FLAG_PARENT_UNKNOWN) != 0).tolist()
     linked = (((flags & FLAG_HAS_PARENT) != 0) & ((flags & FLAG_PARENT_UNKNOWN) == 0)).tolist()
@@ -278,8 +288,8 @@ def parse_headers(
     return list(map(SlotHeader._make, columns))
 
 
-def _split16(blob: bytes, count: int) -> list[bytes]:
-    return [blob[o : o + KEY_BYTES] for o in range(0, count * KEY_BYTES, KEY_BYTES)]
+def _split(blob: bytes, count: int, width: int) -> list[bytes]:
+    return [blob[o : o + width] for o in range(0, count * width, width)]
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtier.keys import KEY_BYTES, Key, Namespace
+from kvtier.keys import NS_BYTES, Key, Namespace
 from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.tiers.base import SlotStore
@@ -136,8 +136,8 @@ class DiskSlab(SlabReads, SlotStore):
         could be read or replaced by another user, or is a symbolic link
         (:mod:`kvtier.tiers.disk.private`: created 0700, files 0600, no link followed).
         """
-        if len(namespace) != KEY_BYTES:
-            raise ValueError(f"namespace must be {KEY_BYTES} bytes, got {len(namespace)}")
+        if len(namespace) != NS_BYTES:
+            raise ValueError(f"namespace must be {NS_BYTES} bytes, got {len(namespace)}")
         if num_slots < 0 or slot_bytes <= 0 or threads < 1:
             raise ValueError(
                 f"need num_slots >= 0, slot_bytes > 0, threads >= 1; got {num_slots}, "
