@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.events import EventRun, TierEvents
-from kvtier.keys import Key, KeyChain
+from kvtier.keys import Key
 from kvtier.stack.stack import TierStack
 from kvtier.tiers import FaultPlan
 from kvtier.tiers.index import SlotIndex, store_at_once
@@ -30,7 +30,7 @@ class Source:
     """What the vLLM side keeps per request: its tokens (keys computed independently)."""
 
     def __init__(self, engine: MiniEngine, tokens: list[int]) -> None:
-        chain = KeyChain(engine.manager.namespace.seed(None, None), CHUNK)
+        chain = engine.manager.namespace.key_chain(CHUNK)
         chain.update(tokens)
         self.keys = chain.keys
 
