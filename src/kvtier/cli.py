@@ -33,7 +33,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from kvtier.bench.workloads import DEFAULT_TRACE
     from kvtier.sim import format_sim, run_sim
-    from kvtier.sim.generate import parse_shape, write_trace
+    from kvtier.sim.workloads import write_named_trace
 
     trace = args.trace or DEFAULT_TRACE
     if args.generate:
@@ -41,7 +41,7 @@ def _sim(args: argparse.Namespace) -> int:
             raise ConfigError("sim: give --trace or --generate, not both")
         if not args.save_trace:
             raise ConfigError("sim: --generate needs --save-trace PATH (where the trace goes)")
-        n = write_trace(args.save_trace, parse_shape(args.generate), args.seed)
+        n = write_named_trace(args.save_trace, args.generate, args.seed)
         print(f"generated {n:,} requests ({args.generate}, seed {args.seed}) -> {args.save_trace}")
         trace = args.save_trace
     result = run_sim(
@@ -176,8 +176,9 @@ def parser() -> argparse.ArgumentParser:
         "--generate",
         default=None,
         metavar="SHAPE",
-        help="generate a conversation-like trace instead: chat, agent, docs, skewed, "
-        "optionally with overrides (chat:sessions=200,think_s=30); needs --save-trace",
+        help="generate a trace instead: chat, longsys, agent, docs, skewed (chat generator), "
+        "agentloop, rag, scan, shift (kvtier.sim.workloads), optionally with overrides "
+        "(chat:sessions=200,think_s=30); needs --save-trace",
     )
     s.add_argument("--seed", type=int, default=0, help="seed of --generate")
     s.add_argument("--save-trace", default=None, metavar="PATH", help="where --generate writes")
