@@ -33,6 +33,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from kvtier.bench.workloads import DEFAULT_TRACE
     from kvtier.sim import format_sim, run_sim
+    from kvtier.sim.report import format_gap_table, gap_rows
     from kvtier.sim.workloads import write_named_trace
 
     trace = args.trace or DEFAULT_TRACE
@@ -53,6 +54,11 @@ def _sim(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(format_sim(result))
+    rows = gap_rows(result, Path(trace).name)
+    if rows:  # the run compares the default with LRU: the policy table too
+        result["policy_table"] = rows
+        print()
+        print(format_gap_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
@@ -190,9 +196,10 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--policies",
-        default="default,lru,arc,lru-seen2,belady,infinite",
-        help="comma list of default (the connector's), lru, arc, chain-arc, lru-seenN, "
-        "belady, infinite",
+        default="lru,default,lru-oracle,belady,infinite",
+        help="comma list of default (the connector's), adaptive, adaptive-arc, lru, arc, "
+        "chain-arc, lru-seenN, lru-oracle (LRU with offline admission), belady, infinite; "
+        "with lru and default, a policy table (default - LRU, gap closed) follows",
     )
     s.add_argument("--limit", type=int, default=None, help="first N requests only")
     s.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")

@@ -49,13 +49,14 @@ from itertools import chain
 
 from kvtier.keys import Key
 from kvtier.policies.adaptive import AdaptivePolicy
+from kvtier.policies.categories import CategoryReuse
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import EvictionPolicy, LRUPolicy
 from kvtier.policies.shadow import ShadowCache
 
 SHADOW_SLOTS = 4096
 """Keys per shadow: a tier of up to this many chunks has exact shadows."""
-BUDGET = 0.002
+BUDGET = 0.004
 """Hit blocks the policy may lose against LRU, as a share of the blocks requested."""
 MARGIN = 0.02
 """A candidate becomes the preference when its window score beats the current one's by
@@ -82,12 +83,12 @@ class DuelingPolicy(EvictionPolicy):
             ShadowCache(ChainARCPolicy(shadow_cap)),
             ShadowCache(AdaptivePolicy(shadow_cap), admission=True),
         )
-        self.mode = _ADAPTIVE
-        """The leader's index in :data:`CANDIDATES`."""
-        self.preferred = _ADAPTIVE
+        self.mode = _LRU
+        """The leader's index in :data:`CANDIDATES`; LRU until a shadow beats it."""
+        self.preferred = _LRU
         """What the shadows prefer (the leader unless the budget holds it at LRU)."""
-        self.lru: LRUPolicy | None = None
-        self.arc: AdaptivePolicy | None = AdaptivePolicy(capacity)
+        self.lru: LRUPolicy | None = LRUPolicy(capacity)
+        self.arc: AdaptivePolicy | None = None
         self.scores = [0.0] * len(CANDIDATES)
         self.window = WINDOW * shadow_cap
         self._since = 0
@@ -184,10 +185,29 @@ class DuelingPolicy(EvictionPolicy):
         elif mode != _LRU and self.arc is None:
             lru = self.lru
             assert lru is not None
-            arc = AdaptivePolicy(self.capacity)
-            arc.t1 = OrderedDict.fromkeys(lru._order)
-            self.lru, self.arc = None, arc
+            self.lru, self.arc = None, self._arc_from(lru, mode)
         self.mode = mode
+
+    def _arc_from(self, lru: LRUPolicy, mode: int) -> AdaptivePolicy:
+        """An ARC over the tier's content (all in T1, LRU order) that starts from what the
+        mode's shadow learned: its ``p`` (scaled), its ghosts (exact shadows only) and its
+        category reuse rates."""
+        arc = AdaptivePolicy(self.capacity)
+        arc.t1 = OrderedDict.fromkeys(lru._order)
+        src = self.shadows[mode].policy
+        assert isinstance(src, ChainARCPolicy)
+        arc.p = min(float(max(1, self.capacity)), src.p * self.stride)
+        if self.stride == 1:
+            t1 = arc.t1
+            arc.b1 = OrderedDict((k, None) for k in src.b1 if k not in t1)
+            arc.b2 = OrderedDict.fromkeys(k for k in src.b2 if k not in t1)
+        cats = getattr(src, "categories", None)
+        if mode == _ADAPTIVE and cats is not None:
+            own = arc.categories = CategoryReuse(self.capacity)
+            own.reused, own.born = list(cats.reused), list(cats.born)
+            if self.stride == 1:
+                own.marks = OrderedDict(cats.marks)
+        return arc
 
     @property
     def leader(self) -> EvictionPolicy:

@@ -138,6 +138,8 @@ class ReplayCounts:
     hit_blocks: list[int]
     hit_tokens: list[int]
     evictions: list[int] = field(default_factory=list)
+    policies: list[Any] = field(default_factory=list, repr=False)
+    """The tiers' eviction policies after an index replay (inspection, tests)."""
 
 
 def replay_index(
@@ -192,7 +194,12 @@ def replay_index(
             tick(_TICK_EVERY)
     if tick is not None:
         tick(len(trace.keys) % _TICK_EVERY)
-    return ReplayCounts(hit_blocks, hit_tokens, [t.index.evictions for t in manager.tiers])
+    return ReplayCounts(
+        hit_blocks,
+        hit_tokens,
+        [t.index.evictions for t in manager.tiers],
+        [t.index.policy for t in manager.tiers],
+    )
 
 
 def _replay_manager(

@@ -48,7 +48,7 @@ Generator = Callable[[random.Random, _BlockIds, Params], list[GeneratedRequest]]
 
 PARAMS: dict[str, Params] = {
     "agentloop": {
-        "sessions": 120,
+        "sessions": 80,
         "prefixes": 3,
         "prefix_tokens": 12000,
         "steps": 14,
