@@ -17,12 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.bench.workloads import DEFAULT_TRACE
-
 from kvtier.config import KVTierConfig
 from kvtier.keys import chunk_keys
 from kvtier.policies.dueling import BUDGET, SHADOW_SLOTS, DuelingPolicy
-from kvtier.policies.shadow import ShadowCache
 from kvtier.policies.eviction import LRUPolicy
+from kvtier.policies.shadow import ShadowCache
 from kvtier.sim.bounds import lru_pass, replay_lru_oracle
 from kvtier.sim.simulator import next_uses, replay_belady, replay_index
 from kvtier.sim.trace import SIM_SEED, Trace, load_trace

@@ -179,13 +179,13 @@ class DuelingPolicy(EvictionPolicy):
         if mode == _LRU and self.lru is None:
             arc = self.arc
             assert arc is not None
-            lru = LRUPolicy(self.capacity)
-            lru._order = OrderedDict.fromkeys(chain(arc.t1, arc.t2, arc.parked))
-            self.lru, self.arc = lru, None
+            fresh = LRUPolicy(self.capacity)
+            fresh._order = OrderedDict.fromkeys(chain(arc.t1, arc.t2, arc.parked))
+            self.lru, self.arc = fresh, None
         elif mode != _LRU and self.arc is None:
-            lru = self.lru
-            assert lru is not None
-            self.lru, self.arc = None, self._arc_from(lru, mode)
+            old = self.lru
+            assert old is not None
+            self.lru, self.arc = None, self._arc_from(old, mode)
         self.mode = mode
 
     def _arc_from(self, lru: LRUPolicy, mode: int) -> AdaptivePolicy:

@@ -68,6 +68,10 @@ def lru_pass(
     return ReplayCounts([hit_blocks], [hit_tokens], [evictions]), useful
 
 
+def _member(blocks: set[tuple[int, int]]) -> Admit:
+    return lambda i, j: (i, j) in blocks
+
+
 def replay_lru_oracle(
     trace: Trace,
     slots: int,
@@ -87,8 +91,7 @@ def replay_lru_oracle(
     for _ in range(passes - 1):
         if tick is not None:
             tick(len(trace.keys))
-        prev = useful
-        got, useful = lru_pass(trace, slots, lambda i, j: (i, j) in prev)
+        got, useful = lru_pass(trace, slots, _member(useful))
         if got.hit_tokens[0] > best.hit_tokens[0]:
             best = got
     if tick is not None:

@@ -115,7 +115,8 @@ SHAPES: dict[str, TraceShape] = {
         doc_rate=0.05,
     ),
 }
-"""Presets: chat (ShareGPT-like), longsys (multi-turn chat behind long system prompts), agent (long sessions, short pauses, big tool prompts),
+"""Presets: chat (ShareGPT-like), longsys (multi-turn chat behind long system prompts),
+agent (long sessions, short pauses, big tool prompts),
 docs (many one-off documents), skewed (strong popularity skew, short messages)."""
 
 

@@ -198,7 +198,7 @@ def replay_index(
         hit_blocks,
         hit_tokens,
         [t.index.evictions for t in manager.tiers],
-        [t.index.policy for t in manager.tiers],
+        [getattr(t.index, "policy", None) for t in manager.tiers],
     )
 
 

@@ -122,7 +122,9 @@ def _agentloop(rng: random.Random, ids: _BlockIds, p: Params) -> list[GeneratedR
     t = 0.0
     for _ in range(int(p["sessions"])):
         t += rng.expovariate(p["rate"])
-        push(t, [rng.choice(prefixes), (seg(), _vary(rng, p["step_tokens"]))], int(p["steps"]), True)
+        push(
+            t, [rng.choice(prefixes), (seg(), _vary(rng, p["step_tokens"]))], int(p["steps"]), True
+        )
     out: list[GeneratedRequest] = []
     while events:
         now, _, history, left, main = heapq.heappop(events)
