@@ -54,7 +54,7 @@ from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import EvictionPolicy, LRUPolicy
 from kvtier.policies.shadow import ShadowCache
 
-SHADOW_SLOTS = 4096
+SHADOW_SLOTS = 1024
 """Keys per shadow: a tier of up to this many chunks has exact shadows."""
 BUDGET = 0.004
 """Hit blocks the policy may lose against LRU, as a share of the blocks requested."""
