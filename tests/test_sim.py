@@ -323,7 +323,9 @@ def test_keys_are_chained(tmp_path: Path) -> None:
     )
 
 
-def test_cli_sim_prints_the_policy_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_sim_prints_the_policy_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The default policy list gives the issue's columns per capacity and the worst cell."""
     from kvtier.cli import main
 

@@ -2,7 +2,8 @@
 
 A :class:`ShadowCache` runs a policy over a prefix-closed cache of ``capacity`` keys that
 holds no data: per request it answers how long a prefix of the chain it holds, refreshes
-it, stores the rest (then refreshes the held ancestors again, as a real reservation does) (asking the policy's ``admit_chain`` when admission is on) and evicts
+it, stores the rest (asking the policy's ``admit_chain`` when admission is on; the held
+ancestors are refreshed again after the store, as a real reservation does) and evicts
 leaves in the policy's order, as :class:`kvtier.tiers.index.SlotIndex` and the manager's
 store planner do for a real tier (the chain's deepest held key is protected, a key offered
 before its children is skipped and handed to ``defer``, ``on_leaf`` when its last child
