@@ -173,10 +173,12 @@ def test_a_refused_category_is_stored_again_once_its_chunks_come_back():
 # -- end to end through the manager --------------------------------------------------------
 
 
-def test_the_connector_default_refuses_documents_with_exact_kv():
+def test_adaptive_arc_refuses_documents_with_exact_kv():
     """The MiniEngine drives the manager as vLLM does (chunked stores each step, output
     chunks stored at the end) and checks every attended token's KV against the oracle."""
-    cfg = KVTierConfig(chunk_tokens=8, sync_budget=SyncBudget("fixed", 1 << 30))
+    cfg = KVTierConfig(
+        chunk_tokens=8, sync_budget=SyncBudget("fixed", 1 << 30), eviction="adaptive-arc"
+    )
     e = MiniEngine(cfg, num_blocks=128, cpu_chunks=24)
     try:
         pol = e.manager.tiers[0].index.policy

@@ -63,8 +63,8 @@ def test_unknown_key_is_named_with_accepted_keys():
 @pytest.mark.parametrize(
     ("key", "value", "needle"),
     [
-        ("eviction", "fifo", "adaptive, chain-arc, lru, arc"),
-        ("disk_eviction", "fifo", "adaptive, chain-arc, lru, arc"),
+        ("eviction", "fifo", "adaptive, adaptive-arc, chain-arc, lru, arc"),
+        ("disk_eviction", "fifo", "adaptive, adaptive-arc, chain-arc, lru, arc"),
         ("chunk_tokens", -1, ">= 0"),
         ("cpu_bytes", "lots", "cpu_bytes"),
         ("sync_budget", "fast", "auto"),

@@ -106,3 +106,66 @@ def test_cli_generate(tmp_path, capsys):
     assert main(["sim", "--generate", "chat", "--no-progress"]) == 2
     assert "--save-trace" in capsys.readouterr().err
     assert main(["sim", "--capacity", "5%", "--trace", str(trace), "--policies", "nope"]) == 2
+
+
+# -- the workload shapes of kvtier.sim.workloads ---------------------------------------------
+
+SMALL_WORKLOADS = {
+    "agentloop": "agentloop:sessions=12,steps=6",
+    "rag": "rag:requests=150,docs=40",
+    "scan": "scan:sessions=6,turns=8",
+    "shift": "shift:sessions=20,steps=5",
+    "longsys": "longsys:sessions=20",
+}
+
+
+def _ids(reqs) -> list[set[int]]:
+    return [set(r.hash_ids) for r in reqs]
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_WORKLOADS))
+def test_workloads_are_valid_deterministic_and_have_their_shape(tmp_path, name):
+    from kvtier.sim.workloads import generate_named, write_named_trace
+
+    text = SMALL_WORKLOADS[name]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    n = write_named_trace(a, text, seed=2)
+    write_named_trace(b, text, seed=2)
+    assert a.read_bytes() == b.read_bytes() and n > 10
+    for i, line in enumerate(a.read_text().splitlines(), start=1):
+        req = parse_request(line, i)
+        assert len(req.hash_ids) == -(-req.input_tokens // 512)
+    reqs = generate_named(text, seed=2)
+    ids = _ids(reqs)
+    if name == "rag":  # one shared system prompt, documents shared in varying order
+        assert len({r.hash_ids[0] for r in reqs}) == 1
+        assert len({r.hash_ids[3] for r in reqs}) > 10  # the 4th block already differs
+    if name == "scan":  # scans: long requests whose own blocks never come back
+        seen: dict[int, int] = {}
+        for s in ids:
+            for h in s:
+                seen[h] = seen.get(h, 0) + 1
+        scans = [r for r in reqs if r.output_length == 100]
+        assert scans and all(seen[r.hash_ids[-1]] == 1 for r in scans)
+    if name == "shift":  # the hot set is replaced: the halves share no block
+        cut = next(
+            m for m in range(1, len(reqs)) if not set().union(*ids[:m]) & set().union(*ids[m:])
+        )
+        assert 0.3 < cut / len(reqs) < 0.7
+    if name == "agentloop":  # fan-out: some prefix continues in 3+ different ways
+        after: dict[int, set[int]] = {}
+        for r in reqs:
+            for x, y in zip(r.hash_ids, r.hash_ids[1:], strict=False):
+                after.setdefault(x, set()).add(y)
+        assert max(len(v) for v in after.values()) >= 3
+
+
+def test_workload_overrides_are_checked():
+    from kvtier.sim.workloads import generate_named
+
+    with pytest.raises(ConfigError, match="docz"):
+        generate_named("rag:docz=3")
+    with pytest.raises(ConfigError, match="'nope'"):
+        generate_named("nope")
+    with pytest.raises(ConfigError, match="requests"):
+        generate_named("rag:requests=x")

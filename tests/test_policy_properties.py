@@ -103,8 +103,12 @@ def policy_state(policy: object) -> dict[str, object]:
 def _state(obj: object) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, value in vars(obj).items():
+        if callable(value):  # a hook (bound to its owner): not state
+            continue
         if isinstance(value, dict):
             value = list(value.items())
+        elif isinstance(value, tuple) and any(hasattr(v, "__dict__") for v in value):
+            value = [_state(v) for v in value]  # parts (the dueling policy's shadows)
         elif hasattr(value, "__dict__"):  # a part of the policy (its category tracker)
             value = _state(value)
         out[name] = value
@@ -130,6 +134,7 @@ touch_ops = st.lists(
 # it: stores and touches of chains 0 and 1 sharing one chunk).
 @example([("store", 0, 4, 0, 4), ("store", 1, 4, 0, 4)], 9, "lru")
 @example([("store", 0, 4, 0, 4), ("store", 1, 4, 0, 4)], 9, "adaptive")
+@example([("store", 0, 4, 0, 4), ("store", 1, 4, 0, 4)], 9, "adaptive-arc")
 @example(
     [
         ("observe", 0, 0, 0, 0),
@@ -234,9 +239,8 @@ def test_manager_observes_each_request_once():
         e.close()
 
 
-def test_default_config_uses_the_adaptive_policy():
-    assert KVTierConfig().eviction == "adaptive"
-    e = MiniEngine(KVTierConfig(chunk_tokens=8))
+def test_adaptive_arc_names_the_former_default():
+    e = MiniEngine(KVTierConfig(chunk_tokens=8, eviction="adaptive-arc"))
     try:
         assert all(type(t.index.policy) is AdaptivePolicy for t in e.manager.tiers)
     finally:

@@ -322,3 +322,25 @@ def test_keys_are_chained(tmp_path: Path) -> None:
     assert math.isclose(
         run_sim(trace.path, [100], ["infinite"])["runs"][0]["hit_ratio"]["total"], 2 / 6
     )
+
+
+def test_cli_sim_prints_the_policy_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default policy list gives the issue's columns per capacity and the worst cell."""
+    from kvtier.cli import main
+
+    out = tmp_path / "sim.json"
+    args = ["sim", "--trace", str(TRACE), "--limit", "200", "--capacity", "2%,20%"]
+    assert main([*args, "--json", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "oracle bound" in text and "default-LRU" in text
+    assert "worst cell of the default against LRU" in text
+    res = json.loads(out.read_text())
+    rows = res["policy_table"]
+    assert [r["config"] for r in rows] == list(dict.fromkeys(r["config"] for r in res["runs"]))
+    for r in rows:
+        hit = r["hit"]
+        assert set(hit) == {"lru", "default", "lru-oracle", "belady", "infinite"}
+        assert hit["lru"] <= hit["lru-oracle"] <= hit["belady"] <= hit["infinite"] + 1e-9
+        assert r["default_minus_lru"] == pytest.approx(hit["default"] - hit["lru"], abs=1e-3)

@@ -38,7 +38,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from kvtier.bench.workloads import DEFAULT_TRACE
     from kvtier.sim import format_sim, run_sim
-    from kvtier.sim.generate import parse_shape, write_trace
+    from kvtier.sim.report import format_gap_table, gap_rows
+    from kvtier.sim.workloads import write_named_trace
 
     trace = args.trace or DEFAULT_TRACE
     if args.generate:
@@ -46,7 +47,7 @@ def _sim(args: argparse.Namespace) -> int:
             raise ConfigError("sim: give --trace or --generate, not both")
         if not args.save_trace:
             raise ConfigError("sim: --generate needs --save-trace PATH (where the trace goes)")
-        n = write_trace(args.save_trace, parse_shape(args.generate), args.seed)
+        n = write_named_trace(args.save_trace, args.generate, args.seed)
         print(f"generated {n:,} requests ({args.generate}, seed {args.seed}) -> {args.save_trace}")
         trace = args.save_trace
     result = run_sim(
@@ -58,6 +59,11 @@ def _sim(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(format_sim(result))
+    rows = gap_rows(result, Path(trace).name)
+    if rows:  # the run compares the default with LRU: the policy table too
+        result["policy_table"] = rows
+        print()
+        print(format_gap_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
@@ -265,8 +271,9 @@ def parser() -> argparse.ArgumentParser:
         "--generate",
         default=None,
         metavar="SHAPE",
-        help="generate a conversation-like trace instead: chat, agent, docs, skewed, "
-        "optionally with overrides (chat:sessions=200,think_s=30); needs --save-trace",
+        help="generate a trace instead: chat, longsys, agent, docs, skewed (chat generator), "
+        "agentloop, rag, scan, shift (kvtier.sim.workloads), optionally with overrides "
+        "(chat:sessions=200,think_s=30); needs --save-trace",
     )
     s.add_argument("--seed", type=int, default=0, help="seed of --generate")
     s.add_argument("--save-trace", default=None, metavar="PATH", help="where --generate writes")
@@ -278,9 +285,10 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--policies",
-        default="default,lru,arc,lru-seen2,belady,infinite",
-        help="comma list of default (the connector's), lru, arc, chain-arc, lru-seenN, "
-        "belady, infinite",
+        default="lru,default,lru-oracle,belady,infinite",
+        help="comma list of default (the connector's), adaptive, adaptive-arc, lru, arc, "
+        "chain-arc, lru-seenN, lru-oracle (LRU with offline admission), belady, infinite; "
+        "with lru and default, a policy table (default - LRU, gap closed) follows",
     )
     s.add_argument("--limit", type=int, default=None, help="first N requests only")
     s.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")

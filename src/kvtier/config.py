@@ -81,8 +81,10 @@ class KVTierConfig:
     eviction: str = "adaptive"
     """Eviction policy of the CPU tier (and of every other tier that does not name its own,
     the flat keys' disk tier unless ``disk_eviction`` is set): "adaptive" (default:
-    chain-arc that also stops storing chains seen for the first time while its ghosts show
-    they do not come back in time, see :mod:`kvtier.policies.adaptive`), "chain-arc" (ARC
+    shadow caches pick LRU, chain-arc or adaptive-arc online, held within a stated budget
+    of LRU's hits, see :mod:`kvtier.policies.dueling`), "adaptive-arc" (chain-arc that also
+    stops storing chains seen for the first time while its ghosts show they do not come
+    back in time, :mod:`kvtier.policies.adaptive`; the default before), "chain-arc" (ARC
     adapted to prefix trees, reuse counted once per request,
     :mod:`kvtier.policies.chain_arc`), "lru", or "arc" (classic ARC); any policy
     registered in :mod:`kvtier.policies.registry`. Only the first tier's policy decides

@@ -45,13 +45,20 @@ def _chain_arc(capacity: int) -> EvictionPolicy:
     return ChainARCPolicy(capacity)
 
 
-def _adaptive(capacity: int) -> EvictionPolicy:
+def _adaptive_arc(capacity: int) -> EvictionPolicy:
     from kvtier.policies.adaptive import AdaptivePolicy
 
     return AdaptivePolicy(capacity)
 
 
-register_eviction("adaptive", _adaptive)
+def _dueling(capacity: int) -> EvictionPolicy:
+    from kvtier.policies.dueling import DuelingPolicy
+
+    return DuelingPolicy(capacity)
+
+
+register_eviction("adaptive", _dueling)
+register_eviction("adaptive-arc", _adaptive_arc)
 register_eviction("chain-arc", _chain_arc)
 register_eviction("lru", LRUPolicy)
 register_eviction("arc", ARCPolicy)

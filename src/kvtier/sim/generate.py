@@ -108,8 +108,15 @@ SHAPES: dict[str, TraceShape] = {
         answer_tokens=200,
         doc_rate=0.1,
     ),
+    "longsys": TraceShape(
+        sessions=400,
+        system_sizes=(8192, 16384, 32768),
+        systems_per_size=2,
+        doc_rate=0.05,
+    ),
 }
-"""Presets: chat (ShareGPT-like), agent (long sessions, short pauses, big tool prompts),
+"""Presets: chat (ShareGPT-like), longsys (multi-turn chat behind long system prompts),
+agent (long sessions, short pauses, big tool prompts),
 docs (many one-off documents), skewed (strong popularity skew, short messages)."""
 
 

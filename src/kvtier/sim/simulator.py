@@ -108,15 +108,18 @@ class PolicySpec:
 
 def parse_policy(name: str) -> PolicySpec:
     """``default`` (the connector's default policies), ``adaptive``, ``chain-arc``, ``lru``,
-    ``arc``, ``lru-seen2`` (admission after 2 sightings), ``belady``, ``infinite``."""
+    ``arc``, ``lru-seen2`` (admission after 2 sightings), ``lru-oracle`` (LRU with offline
+    admission, :mod:`kvtier.sim.bounds`), ``belady``, ``infinite``."""
     text = name.strip().lower()
     if text in ("belady", "infinite", "default"):
         return PolicySpec(text, text)
+    if text == "lru-oracle":
+        return PolicySpec(text, "oracle")
     m = _policy_re().match(text)
     if m is None:
         raise ConfigError(
             f"policy: unknown policy {name!r}; accepted: default, adaptive, chain-arc, lru, "
-            "arc, NAME-seenN (admit a chunk once seen N times), belady, infinite"
+            "arc, lru-oracle, NAME-seenN (admit a chunk once seen N times), belady, infinite"
         )
     min_seen = int(m.group(2) or 1)
     if min_seen < 1:
@@ -135,6 +138,8 @@ class ReplayCounts:
     hit_blocks: list[int]
     hit_tokens: list[int]
     evictions: list[int] = field(default_factory=list)
+    policies: list[Any] = field(default_factory=list, repr=False)
+    """The tiers' eviction policies after an index replay (inspection, tests)."""
 
 
 def replay_index(
@@ -189,7 +194,12 @@ def replay_index(
             tick(_TICK_EVERY)
     if tick is not None:
         tick(len(trace.keys) % _TICK_EVERY)
-    return ReplayCounts(hit_blocks, hit_tokens, [t.index.evictions for t in manager.tiers])
+    return ReplayCounts(
+        hit_blocks,
+        hit_tokens,
+        [t.index.evictions for t in manager.tiers],
+        [getattr(t.index, "policy", None) for t in manager.tiers],
+    )
 
 
 def _replay_manager(
@@ -322,6 +332,7 @@ class _Runner:
         self.tick = tick
         self._future: list[list[int]] | None = None
         self._belady: dict[int, ReplayCounts] = {}
+        self._oracle: dict[int, ReplayCounts] = {}
         self._infinite: ReplayCounts | None = None
 
     def run(self, spec: PolicySpec, tiers: Sequence[TierCapacity]) -> ReplayCounts:
@@ -332,26 +343,46 @@ class _Runner:
         if spec.kind == "default":
             return replay_index(self.trace, slots, "", config=KVTierConfig(), tick=self.tick)
         if spec.kind == "belady":
-            return self._belady_tiers(slots)
+            return self._bound_tiers(slots, self._belady_one)
+        if spec.kind == "oracle":
+            return self._bound_tiers(slots, self._oracle_one)
         return self._infinite_tiers(len(slots))
+
+    def _future_uses(self) -> list[list[int]]:
+        if self._future is None:
+            self._future = next_uses(self.trace)
+        return self._future
 
     def _belady_one(self, slots: int) -> ReplayCounts:
         if slots not in self._belady:
-            if self._future is None:
-                self._future = next_uses(self.trace)
-            self._belady[slots] = replay_belady(self.trace, slots, self._future, tick=self.tick)
+            self._belady[slots] = replay_belady(
+                self.trace, slots, self._future_uses(), tick=self.tick
+            )
         elif self.tick is not None:
             self.tick(len(self.trace.keys))
         return self._belady[slots]
 
-    def _belady_tiers(self, slots: Sequence[int]) -> ReplayCounts:
-        """Tier t's bound: Belady on tiers 0..t together, minus the inner tiers' bound."""
+    def _oracle_one(self, slots: int) -> ReplayCounts:
+        from kvtier.sim.bounds import ORACLE_PASSES, replay_lru_oracle
+
+        if slots not in self._oracle:
+            self._oracle[slots] = replay_lru_oracle(
+                self.trace, slots, self._future_uses(), tick=self.tick
+            )
+        elif self.tick is not None:
+            self.tick(ORACLE_PASSES * len(self.trace.keys))
+        return self._oracle[slots]
+
+    def _bound_tiers(
+        self, slots: Sequence[int], one: Callable[[int], ReplayCounts]
+    ) -> ReplayCounts:
+        """Tier t's bound: the bound on tiers 0..t together, minus the inner tiers'."""
         blocks: list[int] = []
         tokens: list[int] = []
         evictions: list[int] = []
         prev_b = prev_t = 0
         for t in range(len(slots)):
-            r = self._belady_one(sum(slots[: t + 1]))
+            r = one(sum(slots[: t + 1]))
             blocks.append(r.hit_blocks[0] - prev_b)
             tokens.append(r.hit_tokens[0] - prev_t)
             evictions.append(r.evictions[0])
@@ -420,8 +451,9 @@ def run_sim(
     )
     load_seconds = time.perf_counter() - t0
     configs = resolve(trace.unique_blocks * block_tokens)
-    # A Belady run replays once per tier (cumulative sizes); the others once.
-    work = sum(len(c) if s.kind == "belady" else 1 for c in configs for s in specs)
+    # A bound replays once per tier (cumulative sizes), the oracle a few passes each.
+    per = {"belady": 1, "oracle": 3}
+    work = sum(len(c) * per[s.kind] if s.kind in per else 1 for c in configs for s in specs)
     bar = _progress_bar(work * len(trace.keys), progress)
     runner = _Runner(trace, bar.update if bar is not None else None)
     runs = []

@@ -1,0 +1,99 @@
+"""The admission-oracle bound: LRU that is told, offline, which chunks are worth storing.
+
+An online policy that keeps LRU's order and only decides *what to store* can at best store
+exactly the chunks that will be hit before LRU evicts them. ``lru-oracle`` estimates that
+best from above by search, since the exact optimum is a hard combinatorial question:
+
+1. pass 1 stores a chunk iff some later request uses it (never-reused chunks are refused);
+2. each next pass stores only the chunks (by request and depth) that were hit before their
+   eviction in the previous pass, which frees their slots for the useful ones;
+
+and reports the best of ``passes`` passes. Every pass is an LRU cache with an admission
+rule, so each is reachable by *some* admission policy: the figure is a lower estimate of the
+admission-only optimum, and what an online admission rule can hope to reach next to LRU's
+order. Stores are cut at the first refused chunk (a tier holds prefixes), and the order is
+LRU's with ancestors refreshed after their descendants, as kvtier's ``lru`` tier does, so
+the pass that stores everything equals ``lru`` (checked in the tests).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from kvtier.keys import Key
+from kvtier.sim.simulator import ReplayCounts, Tick
+from kvtier.sim.trace import Trace
+
+ORACLE_PASSES = 3
+"""Passes of :func:`replay_lru_oracle` (its progress ticks count each)."""
+
+Admit = Callable[[int, int], bool]
+"""Whether block ``j`` of request ``i`` may be stored."""
+
+
+def lru_pass(
+    trace: Trace, slots: int, admit: Admit | None
+) -> tuple[ReplayCounts, set[tuple[int, int]]]:
+    """One LRU replay with admission ``admit`` (None: store everything). Returns its hits
+    and the stored blocks (request, depth) that were hit before they were evicted."""
+    cache: OrderedDict[Key, tuple[int, int]] = OrderedDict()
+    useful: set[tuple[int, int]] = set()
+    block = trace.block_tokens
+    hit_blocks = hit_tokens = evictions = 0
+    move = cache.move_to_end
+    for i, keys in enumerate(trace.keys):
+        n = 0
+        while n < len(keys) and keys[n] in cache:
+            n += 1
+        hit_blocks += n
+        hit_tokens += min(n * block, trace.tokens[i])
+        for k in keys[n - 1 :: -1] if n else ():
+            useful.add(cache[k])
+            move(k)
+        m = n
+        room = slots - n
+        while m < len(keys) and m - n < room and (admit is None or admit(i, m)):
+            m += 1
+        if m == n:
+            continue
+        while len(cache) + m - n > slots:
+            cache.popitem(last=False)
+            evictions += 1
+        # Deepest first, so ancestors are the more recent (the victim is always a leaf).
+        for j in range(m - 1, n - 1, -1):
+            cache[keys[j]] = (i, j)
+        for k in keys[n - 1 :: -1] if n else ():
+            move(k)
+    return ReplayCounts([hit_blocks], [hit_tokens], [evictions]), useful
+
+
+def _member(blocks: set[tuple[int, int]]) -> Admit:
+    return lambda i, j: (i, j) in blocks
+
+
+def replay_lru_oracle(
+    trace: Trace,
+    slots: int,
+    future: list[list[int]],
+    *,
+    passes: int = ORACLE_PASSES,
+    tick: Tick | None = None,
+) -> ReplayCounts:
+    """The best of ``passes`` LRU replays with offline admission (module docstring);
+    ``future`` comes from :func:`kvtier.sim.simulator.next_uses`."""
+    never = len(trace.keys)
+
+    def reused(i: int, j: int) -> bool:
+        return future[i][j] < never
+
+    best, useful = lru_pass(trace, slots, reused)
+    for _ in range(passes - 1):
+        if tick is not None:
+            tick(len(trace.keys))
+        got, useful = lru_pass(trace, slots, _member(useful))
+        if got.hit_tokens[0] > best.hit_tokens[0]:
+            best = got
+    if tick is not None:
+        tick(len(trace.keys))
+    return best
