@@ -214,7 +214,7 @@ def test_write_back_demotes_only_what_the_cpu_tier_evicts(tmp_path):
         for i in (1, 2, 3):
             r = e.add(f"w{i}", prompts[i])
             while not r.done:
-                plan_stores = e.manager._pending_copies  # write-through only: stays empty
+                plan_stores = e.manager.movement.pending  # write-through only: stays empty
                 assert not plan_stores
                 e.step()
                 waited += [j for j in e.worker._inflight.values() if j.after]
@@ -231,7 +231,7 @@ def test_write_back_demotes_only_what_the_cpu_tier_evicts(tmp_path):
         run_one(e, "again3", prompts[3])
         assert m.metrics.get("stored_chunks", "disk") <= 16
         e.run()
-        assert not m._demoting and not m.has_pending_jobs()
+        assert not m.movement.demoting and not m.has_pending_jobs()
         cpu.check()
         disk.check()
         assert all(not ent.pins for ent in cpu._entries.values()), "a pin leaked"
@@ -261,7 +261,7 @@ def test_write_back_random_traffic_serves_exact_kv(seed):
                     e.step()
             e.run()
             assert e.wrong == 0
-            assert not e.manager.has_pending_jobs() and not e.manager._demoting
+            assert not e.manager.has_pending_jobs() and not e.manager.movement.demoting
             for view in e.manager.tiers:
                 view.index.check()
         finally:

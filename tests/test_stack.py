@@ -167,7 +167,7 @@ def test_three_tier_stack_by_config_moves_chunks_by_edge_rules(tmp_path):
         assert two.sources.get(HitSource.P2P, 0) > 0 and two.sync_hit == 0
         assert e.wrong == 0
         e.run()
-        assert not m.has_pending_jobs() and not m._demoting
+        assert not m.has_pending_jobs() and not m.movement.demoting
         for index in (cpu, memory, disk):
             index.check()
             assert all(not ent.pins for ent in index._entries.values()), "a pin leaked"

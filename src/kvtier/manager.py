@@ -124,14 +124,6 @@ class CacheManager:
     def tiers(self) -> list[StackTier]:
         return self.stack.tiers
 
-    @property
-    def _pending_copies(self) -> list[TransferJob]:
-        return self.movement.pending
-
-    @property
-    def _demoting(self) -> dict[tuple[int, int], int]:
-        return self.movement.demoting
-
     # -- requests --------------------------------------------------------------------------
 
     def _request(self, req_id: str, inputs: KeyInputs = NO_INPUTS) -> RequestState:

@@ -74,7 +74,7 @@ def leaks(llm: Any) -> dict[str, Any]:
     group: Any = get_kv_transfer_group()
     worker: Any = group.worker
     out: dict[str, Any] = {
-        "jobs": len(m.jobs) + len(m._loading) + len(m._pending_copies),
+        "jobs": len(m.jobs) + len(m._loading) + len(m.movement.pending),
         "worker_jobs": len(worker._inflight) + len(worker.engine.pending()),
         "requests": m.num_requests(),
         "pins": 0,
