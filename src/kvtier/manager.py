@@ -314,6 +314,9 @@ class CacheManager:
             self.budget.observe_bandwidth(report.load_bandwidth)
         if report.forward_seconds > 0:
             self.budget.observe_step(report.forward_seconds)
+        for tier, counts in report.counters.items():
+            for name, amount in counts.items():
+                self.metrics.inc(name, amount, tier)
         for result in report.results:
             entry = self.jobs.answer(result)
             if entry is not None:

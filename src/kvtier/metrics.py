@@ -24,6 +24,22 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "stored_chunks": ("counter", "Chunks stored, by tier.", ("tier",)),
     "evictions": ("counter", "Chunks evicted, by tier.", ("tier",)),
     "failures": ("counter", "Failed chunk operations, by tier and operation.", ("tier", "op")),
+    "remote_auth_failures": (
+        "counter",
+        "Remote values refused because their MAC or AES-GCM tag failed (forged, changed or "
+        "moved), by tier.",
+        ("tier",),
+    ),
+    "remote_bad_values": (
+        "counter",
+        "Remote values refused by another check (truncated, foreign, checksum), by tier.",
+        ("tier",),
+    ),
+    "remote_healed_values": (
+        "counter",
+        "Refused remote values deleted so that the next store writes them again, by tier.",
+        ("tier",),
+    ),
     "sync_budget_used_bytes": ("histogram", "Sync-load bytes used per engine step.", ()),
     "sync_budget_bytes": ("gauge", "Current per-step sync-load budget in bytes.", ()),
 }

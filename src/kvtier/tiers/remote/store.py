@@ -1,14 +1,20 @@
 """A worker's data plane on a remote store: one value per chunk and rank, payload + envelope.
 
 Writes seal every chunk into a single value, the payload followed by its envelope
-(:mod:`kvtier.tiers.envelope`: key, parent, namespace, length, payload checksum), so no
-metadata can be evicted apart from its data, and skip keys already present (another engine
+(:mod:`kvtier.tiers.envelope`: key, parent, namespace, length, payload checksum), and, on a
+tier with a secret, a MAC or AES-GCM around both (:mod:`kvtier.tiers.remote.auth`), so no
+metadata can be evicted apart from its data. They skip keys already present (another engine
 stored them): one EXISTS per write job, then SETs of the rest, each value sent from its
-source's own memory part by part, each part checksummed just before it is sent. Reads send
-a batch's GETs and check each value as it arrives; a value that is missing, truncated,
-stored under another key or namespace, or fails its checksum fails that chunk, and so does
-a timeout or a dead server (the engine recomputes). Values are opaque bytes: nothing read
-is unpickled or evaluated.
+source's own memory part by part, each part checksummed (and MACed or encrypted) just
+before it is sent. Reads send a batch's GETs and check each value as it arrives; a value
+that is missing, truncated, stored under another key or namespace, fails its checksum or
+its tag, fails that chunk, and so does a timeout or a dead server (the engine recomputes).
+
+Self-healing: a value that is present but fails a check is deleted after the batch and its
+name remembered, so the next store of that chunk sets it again instead of skipping it as
+present (even if the delete failed); such values are counted (``auth_failures``: a bad tag,
+``bad_values``: any other check) and so are the deletes (``healed``). Values are opaque
+bytes: nothing read is unpickled or evaluated.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -24,6 +30,7 @@ import torch
 from kvtier.keys import Key
 from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, payload_hasher, unseal
+from kvtier.tiers.remote.auth import ValueAuth
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
 from kvtier.tiers.remote.streams import PART_BYTES
@@ -33,12 +40,17 @@ _ZEROS = memoryview(bytes(PART_BYTES))
 
 log = logging.getLogger("kvtier")
 
+SUSPECTS_MAX = 1 << 16
+"""Names remembered as holding a bad value (forgotten all at once past this)."""
+
 
 class RemoteStore(SlotStore):
     """One rank's key-addressed store on a :class:`RemoteClient` (slot numbers are ignored).
 
     ``namespace``: this rank's ``Namespace.digest()``, sealed into and checked on every
-    value. ``batch_bytes`` caps one pipelined round trip (a job's chunks go in several).
+    value. ``auth``: the tier's MAC or AEAD (None without a secret; its namespace and
+    payload length must be this store's). ``batch_bytes`` caps one pipelined round trip (a
+    job's chunks go in several).
     Failure granularity: per chunk. Thread-safe. ``network = True`` puts its jobs on the
     transfer engine's network queue, apart from disk I/O.
     """
@@ -57,6 +69,7 @@ class RemoteStore(SlotStore):
         num_slots: int = 0,
         ttl_s: int = 0,
         batch_bytes: int = 32 << 20,
+        auth: ValueAuth | None = None,
     ) -> None:
         self.client = client
         self.keyspace = keyspace
@@ -65,12 +78,24 @@ class RemoteStore(SlotStore):
         self.namespace = namespace
         self.rank = rank
         self.ttl_s = ttl_s
-        self.batch = max(1, batch_bytes // max(1, slot_bytes + HEADER_BYTES))
+        if auth is not None and (auth.namespace, auth.payload_bytes) != (namespace, slot_bytes):
+            raise ValueError("auth seals another namespace or payload length than this store")
+        self.auth = auth
+        self.value_bytes = slot_bytes + HEADER_BYTES + (auth.overhead if auth else 0)
+        self.batch = max(1, batch_bytes // max(1, self.value_bytes))
         self.bad_reads = 0
         """Chunks read missing, truncated, foreign or corrupt (or lost to a timeout)."""
         self.skipped_writes = 0
         """Chunks not written because the store already had them."""
         self.failed_writes = 0
+        self.auth_failures = 0
+        """Values present whose MAC or AES-GCM tag failed (forged, changed, moved)."""
+        self.bad_values = 0
+        """Values present that failed another check (truncated, foreign, checksum)."""
+        self.healed = 0
+        """Bad values deleted after they were read."""
+        self._suspects: set[bytes] = set()
+        self._reported: dict[str, int] = {}
         self._local = threading.local()
 
     def _staging(self) -> torch.Tensor:
@@ -135,23 +160,26 @@ class RemoteStore(SlotStore):
         except RemoteUnavailable:
             self.failed_writes += len(keys)
             return [False] * len(keys)
-        todo = [i for i, p in enumerate(ok) if not p]
+        suspects = self._suspects
+        todo = [i for i, p in enumerate(ok) if not p or names[i] in suspects]
         self.skipped_writes += len(keys) - len(todo)
 
         def parts(j: int) -> Iterator[Any]:
             i = batch[j]
-            return self._parts(keys[i], parents[i] if parents else None, src[i])
+            plain = self._parts(keys[i], parents[i] if parents else None, src[i])
+            return self.auth.seal(names[i], plain) if self.auth else plain
 
         for lo, hi in self._spans(len(todo)):
             batch = todo[lo:hi]
             try:
                 sealed = [names[i] for i in batch]
-                size = self.slot_bytes + HEADER_BYTES
-                wrote = self.client.set_streamed(sealed, size, parts, self.ttl_s)
+                wrote = self.client.set_streamed(sealed, self.value_bytes, parts, self.ttl_s)
             except RemoteUnavailable:
                 wrote = [False] * len(batch)
             for i, w in zip(batch, wrote, strict=True):
                 ok[i] = w
+                if w:
+                    suspects.discard(names[i])
             self.failed_writes += wrote.count(False)
         return ok
 
@@ -162,11 +190,15 @@ class RemoteStore(SlotStore):
         as soon as it is read (:mod:`kvtier.tiers.remote.streams`)."""
         ok: list[bool] = []
         names = self.keyspace.names(keys, self.rank)
+        bad: list[bytes] = []
         for lo, hi in self._spans(len(keys)):
             good = [False] * (hi - lo)
 
             def consume(j: int, value: bytes | None, lo: int = lo, good: list[bool] = good) -> None:
-                good[j] = self._unpack(keys[lo + j], value, dst[lo + j])
+                i = lo + j
+                good[j] = self._unpack(names[i], keys[i], value, dst[i])
+                if value is not None and not good[j]:
+                    bad.append(names[i])
 
             try:
                 self.client.get_each(names[lo:hi], consume)
@@ -174,11 +206,47 @@ class RemoteStore(SlotStore):
                 good[:] = [False] * (hi - lo)  # some may be scattered: the engine recomputes
             self.bad_reads += good.count(False)
             ok += good
+        if bad:
+            self._heal(bad)
         return ok
 
-    def _unpack(self, key: Key, value: bytes | None, chunk: Segments) -> bool:
-        payload = unseal(value, key, self.namespace, self.slot_bytes, tail=True)
+    def _heal(self, names: list[bytes]) -> None:
+        """Delete values that failed a check, and store those names again next time even
+        if present. A delete racing an honest store may drop that store's value: a miss,
+        never wrong bytes."""
+        if len(self._suspects) + len(names) > SUSPECTS_MAX:
+            self._suspects.clear()
+        self._suspects.update(names)
+        try:
+            self.client.delete(names)
+        except RemoteUnavailable:
+            return  # the next store overwrites them anyway
+        self.healed += len(names)
+
+    def take_counters(self) -> dict[str, float]:
+        """Bad values and heals since the last call (the ``remote_*`` metrics)."""
+        now = {
+            "remote_auth_failures": self.auth_failures,
+            "remote_bad_values": self.bad_values,
+            "remote_healed_values": self.healed,
+        }
+        out = {k: float(v - self._reported.get(k, 0)) for k, v in now.items()}
+        self._reported = now
+        return {k: v for k, v in out.items() if v}
+
+    def _unpack(self, name: bytes, key: Key, value: bytes | None, chunk: Segments) -> bool:
+        if value is None:
+            return False
+        plain: bytes | None = value
+        if self.auth is not None:
+            # unseal reads any buffer: the opened value may be a view of a reused buffer.
+            plain = cast("bytes | None", self.auth.open(name, value))
+            if plain is None:
+                self.auth_failures += 1
+                return False
+        payload = unseal(plain, key, self.namespace, self.slot_bytes, tail=True)
         if payload is None:
+            self.bad_values += 1
             return False
         data = np.frombuffer(payload, dtype=np.uint8)
         for off, seg in chunk:
