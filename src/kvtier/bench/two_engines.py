@@ -90,7 +90,7 @@ def check_url(url: str) -> str:
     try:
         client = RemoteClient(target, timeout_s=3)
         try:
-            client.exists_many([b"kvt3:reachable?"])
+            client.exists_many([b"kvt4:reachable?"])
         finally:
             client.close()
     except RemoteUnavailable as e:

@@ -19,6 +19,7 @@ bytes: nothing read is unpickled or evaluated.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -95,6 +96,13 @@ class RemoteStore(SlotStore):
         self.healed = 0
         """Bad values deleted after they were read."""
         self._suspects: set[bytes] = set()
+        # Ticks of this store's SETs (at start and end) and the names being set: a bad
+        # value read while this store was setting that name is not deleted (the delete
+        # could land after the honest value).
+        self._ticks = itertools.count(1)
+        self._tick = 0
+        self._set_at: dict[bytes, int] = {}
+        self._setting: set[bytes] = set()
         self._reported: dict[str, int] = {}
         self._local = threading.local()
 
@@ -171,11 +179,14 @@ class RemoteStore(SlotStore):
 
         for lo, hi in self._spans(len(todo)):
             batch = todo[lo:hi]
+            sealed = [names[i] for i in batch]
+            self._mark(sealed, True)
             try:
-                sealed = [names[i] for i in batch]
                 wrote = self.client.set_streamed(sealed, self.value_bytes, parts, self.ttl_s)
             except RemoteUnavailable:
                 wrote = [False] * len(batch)
+            finally:
+                self._mark(sealed, False)
             for i, w in zip(batch, wrote, strict=True):
                 ok[i] = w
                 if w:
@@ -191,6 +202,7 @@ class RemoteStore(SlotStore):
         ok: list[bool] = []
         names = self.keyspace.names(keys, self.rank)
         bad: list[bytes] = []
+        since = self._tick
         for lo, hi in self._spans(len(keys)):
             good = [False] * (hi - lo)
 
@@ -207,13 +219,28 @@ class RemoteStore(SlotStore):
             self.bad_reads += good.count(False)
             ok += good
         if bad:
-            self._heal(bad)
+            self._heal(bad, since)
         return ok
 
-    def _heal(self, names: list[bytes]) -> None:
-        """Delete values that failed a check, and store those names again next time even
-        if present. A delete racing an honest store may drop that store's value: a miss,
-        never wrong bytes."""
+    def _mark(self, names: list[bytes], start: bool) -> None:
+        tick = self._tick = next(self._ticks)
+        if len(self._set_at) + len(names) > SUSPECTS_MAX:
+            self._set_at.clear()
+        for name in names:
+            self._set_at[name] = tick
+            if start:
+                self._setting.add(name)
+            else:
+                self._setting.discard(name)
+
+    def _heal(self, names: list[bytes], since: int) -> None:
+        """Delete values that failed a check (read after tick ``since``), and store those
+        names again next time even if present. Names this store was setting meanwhile are
+        left alone; a delete racing another engine's honest store may drop that value: a
+        miss, never wrong bytes."""
+        names = [n for n in names if n not in self._setting and self._set_at.get(n, 0) <= since]
+        if not names:
+            return
         if len(self._suspects) + len(names) > SUSPECTS_MAX:
             self._suspects.clear()
         self._suspects.update(names)
