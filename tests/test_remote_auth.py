@@ -485,9 +485,7 @@ def test_worker_reports_carry_store_counters_to_kvtier_metrics():
     merged = a.merge(b)
     assert merged.counters == {"redis": {"remote_auth_failures": 3.0, "remote_healed_values": 3.0}}
     m = Metrics()
-    for tier, counts in merged.counters.items():
-        for name, v in counts.items():
-            m.inc(name, v, tier)
+    m.inc_tiers(merged.counters)
     reg = prometheus_client.CollectorRegistry()
     PrometheusExporter(reg).observe(m)
     got = reg.get_sample_value("kvtier_remote_auth_failures_total", {"tier": "redis"})

@@ -314,9 +314,7 @@ class CacheManager:
             self.budget.observe_bandwidth(report.load_bandwidth)
         if report.forward_seconds > 0:
             self.budget.observe_step(report.forward_seconds)
-        for tier, counts in report.counters.items():
-            for name, amount in counts.items():
-                self.metrics.inc(name, amount, tier)
+        self.metrics.inc_tiers(report.counters)
         for result in report.results:
             entry = self.jobs.answer(result)
             if entry is not None:

@@ -61,6 +61,12 @@ class Metrics:
             series = self.values.setdefault(name, {})
             series[labels] = series.get(labels, 0.0) + amount
 
+    def inc_tiers(self, counters: Mapping[str, Mapping[str, float]]) -> None:
+        """Add ``{tier: {metric name: amount}}`` (metrics labelled by tier alone)."""
+        for tier, counts in counters.items():
+            for name, amount in counts.items():
+                self.inc(name, amount, tier)
+
     def set(self, name: str, value: float, *labels: str) -> None:
         _check(name, labels)
         with self._lock:
