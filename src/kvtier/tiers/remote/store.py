@@ -23,6 +23,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, cast
 
 import numpy as np
@@ -105,6 +106,8 @@ class RemoteStore(SlotStore):
         self._setting: set[bytes] = set()
         self._reported: dict[str, int] = {}
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def _staging(self) -> torch.Tensor:
         """This thread's host buffer for one part of a device segment (PART_BYTES), reused
@@ -198,29 +201,53 @@ class RemoteStore(SlotStore):
         self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
     ) -> list[bool]:
         """One round trip per batch: every GET sent, then each value checked and scattered
-        as soon as it is read (:mod:`kvtier.tiers.remote.streams`)."""
+        as soon as it is read (:mod:`kvtier.tiers.remote.streams`). Sealed values are opened
+        (MAC or AES-GCM) on this store's opener thread while the next reply is read (both
+        release the interpreter), all done before this returns."""
         ok: list[bool] = []
         names = self.keyspace.names(keys, self.rank)
         bad: list[bytes] = []
         since = self._tick
+        opener = self._opener()
         for lo, hi in self._spans(len(keys)):
             good = [False] * (hi - lo)
+            opening: list[Future[None]] = []
 
-            def consume(j: int, value: bytes | None, lo: int = lo, good: list[bool] = good) -> None:
+            def check(j: int, value: bytes | None, lo: int = lo, good: list[bool] = good) -> None:
                 i = lo + j
                 good[j] = self._unpack(names[i], keys[i], value, dst[i])
                 if value is not None and not good[j]:
                     bad.append(names[i])
 
+            def consume(
+                j: int, value: bytes | None, check: Any = check, opening: Any = opening
+            ) -> None:
+                if opener is None or value is None:
+                    check(j, value)
+                else:
+                    opening.append(opener.submit(check, j, value))
+
             try:
                 self.client.get_each(names[lo:hi], consume)
             except RemoteUnavailable:
+                wait(opening)
                 good[:] = [False] * (hi - lo)  # some may be scattered: the engine recomputes
+            for f in opening:
+                f.result()  # a bug raises here, as it would unthreaded
             self.bad_reads += good.count(False)
             ok += good
         if bad:
             self._heal(bad, since)
         return ok
+
+    def _opener(self) -> ThreadPoolExecutor | None:
+        """The thread opening this store's sealed values (None without a secret)."""
+        if self.auth is None:
+            return None
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-open")
+            return self._pool
 
     def _mark(self, names: list[bytes], start: bool) -> None:
         tick = self._tick = next(self._ticks)
@@ -285,4 +312,6 @@ class RemoteStore(SlotStore):
         return True
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         self.client.close()
