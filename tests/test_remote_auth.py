@@ -36,7 +36,7 @@ from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, ValueAuth, subkey
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.remote.keyspace import PREFIX, purge_pattern
 from mini_engine import MiniEngine
-from redis_fixtures import flush, raw_client, server  # noqa: F401  (fixtures)
+from redis_fixtures import cluster, flush, raw_client, server  # noqa: F401  (fixtures)
 from test_remote_engine import CHUNK, assert_clean, drive, remote_tokens, workload
 
 SECRET_A = hashlib.sha256(b"tenant A").hexdigest().encode()
@@ -117,6 +117,33 @@ class TestMacTier(_Authenticated):
 
 class TestAeadTier(_Authenticated):
     mode = "aead"
+
+
+def test_keyed_aead_names_spread_over_a_cluster_and_probe_by_group(cluster):  # noqa: F811
+    """Keyed names keep a group's chunks in one slot: the cluster probe (one EXISTS per
+    group) finds the first miss, and sealed values round-trip through every node."""
+    flush(cluster.url)
+    keys, data = chain(3 * GROUP_CHUNKS + 2, salt=57), payload(3 * GROUP_CHUNKS + 2, 7)
+    n = len(keys)
+    store = make_store(cluster.url, "aead", SECRET_A)
+    index = RemoteIndex(
+        RemoteClient(parse_remote_url(cluster.url)), store.keyspace, 1, wait_s=0.002
+    )
+    raw = raw_client(cluster.url)
+    try:
+        assert store.write([-1] * n, keys, segs(data)) == [True] * n
+        slots = {raw.keyslot(nm) for nm in store.keyspace.names(keys, 0)}
+        assert len(slots) == 4
+        assert probe(index, keys) == n
+        raw.delete(store.keyspace.name(keys[GROUP_CHUNKS + 3], 0))
+        assert probe(index, keys) == GROUP_CHUNKS + 3
+        ok, out = read(store, keys)
+        assert ok == [i != GROUP_CHUNKS + 3 for i in range(n)]
+        assert torch.equal(out[:GROUP_CHUNKS], data[:GROUP_CHUNKS])
+    finally:
+        index.close()
+        store.close()
+        raw.close()
 
 
 # -- forged and garbage values: refused, counted, healed -----------------------------------------
