@@ -35,6 +35,14 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   4 KiB), kvtier's reads, one reply at a time, do not. ``--keep-freed`` makes glibc keep
   freed memory (both sides, same process) and so measures against a raw side that never
   faults: the cost of kvtier's checksum and of its copy into the destination alone.
+- Sealed values (unless ``--no-auth``): the same store and load through a tier with a
+  secret (``store_mac`` / ``load_mac``: keyed names, a keyed-BLAKE3 tag streamed over each
+  value's parts) and with ``encrypt: true`` (``store_aead`` / ``load_aead``: AES-256-GCM,
+  each part encrypted into a reused buffer and sent; loads decrypt on the store's opener
+  thread), alternated batch by batch with the other sides, each over the raw client of the
+  same run (``load_ratio_{mac,aead}_vs_raw_client`` and the store ones in the summary:
+  worst over rounds and sizes, ``_median``: the lowest per-size median). Each round then
+  holds four times ``--batch-bytes`` on the server.
 - Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
   here): ``RemoteIndex.leading`` from the scheduler's side, asked again until it answers
   (the probe thread), median and worst of ``--probes``, for a chain present whole, one
@@ -48,7 +56,7 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   of the conversations A served (``second_engine_hit_fraction``).
 
 Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm] [--keep-freed]
-[--sends] [--json PATH]``.
+[--sends] [--no-auth] [--json PATH]``.
 """
 
 from __future__ import annotations
