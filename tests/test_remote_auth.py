@@ -536,3 +536,24 @@ def test_random_corruption_never_loads(server):  # noqa: F811
         assert read(store, keys)[0] == [False] * 8 and store.auth_failures == 8
         store.close()
     raw.close()
+
+
+def test_sealing_ahead_stops_cleanly_on_bad_segments(server):  # noqa: F811
+    """AEAD parts are encrypted one ahead on the store's sealer thread: segments that
+    overrun the payload raise from the write as they do unsealed, nothing half-sent is
+    stored, and the store goes on working."""
+    flush(server.url)
+    store = make_store(server.url, "aead", SECRET_A)
+    raw = raw_client(server.url)
+    try:
+        keys, data = chain(2, salt=58), payload(2, 8)
+        bad = [[(0, data[0]), (CHUNK_BYTES // 2, data[1][: CHUNK_BYTES // 2 + 1])]]
+        with pytest.raises(ValueError, match="overlap or overrun"):
+            store.write([-1], keys[:1], bad)
+        assert raw.dbsize() == 0
+        assert store.write([-1] * 2, keys, segs(data)) == [True] * 2
+        ok, out = read(store, keys)
+        assert ok == [True] * 2 and torch.equal(out, data)
+    finally:
+        store.close()
+        raw.close()

@@ -32,7 +32,7 @@ import torch
 from kvtier.keys import Key
 from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, payload_hasher, unseal
-from kvtier.tiers.remote.auth import ValueAuth
+from kvtier.tiers.remote.auth import MODE_AEAD, ValueAuth
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
 from kvtier.tiers.remote.streams import PART_BYTES
@@ -44,6 +44,20 @@ log = logging.getLogger("kvtier")
 
 SUSPECTS_MAX = 1 << 16
 """Names remembered as holding a bad value (forgotten all at once past this)."""
+
+
+def _ahead(pool: ThreadPoolExecutor, pieces: Iterator[Any]) -> Iterator[Any]:
+    """``pieces``, each next one made on ``pool``'s thread while the caller handles this
+    one. A piece must stay valid until the next but one is made; nothing runs on after the
+    caller stops (an early stop waits for the piece in the making)."""
+    end = object()
+    coming = pool.submit(next, pieces, end)
+    try:
+        while (piece := coming.result()) is not end:
+            coming = pool.submit(next, pieces, end)
+            yield piece
+    finally:
+        wait([coming])
 
 
 class RemoteStore(SlotStore):
@@ -107,7 +121,7 @@ class RemoteStore(SlotStore):
         self._reported: dict[str, int] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pools: dict[str, ThreadPoolExecutor] = {}
 
     def _staging(self) -> torch.Tensor:
         """This thread's host buffer for one part of a device segment (PART_BYTES), reused
@@ -175,10 +189,21 @@ class RemoteStore(SlotStore):
         todo = [i for i, p in enumerate(ok) if not p or names[i] in suspects]
         self.skipped_writes += len(keys) - len(todo)
 
+        auth = self.auth
+        sealer = self._pool_of("_sealer") if auth and auth.mode == MODE_AEAD else None
+        out = auth.buffers() if sealer is not None and auth else None
+
         def parts(j: int) -> Iterator[Any]:
             i = batch[j]
             plain = self._parts(keys[i], parents[i] if parents else None, src[i])
-            return self.auth.seal(names[i], plain) if self.auth else plain
+            if auth is None:
+                return plain
+            if sealer is None:
+                return auth.seal(names[i], plain)
+            # Each part encrypted on the sealer thread while the one before is sent (both
+            # release the interpreter); the two buffers alternate. MAC pieces are views of
+            # the source or of a staging buffer, so they are not made ahead.
+            return _ahead(sealer, auth.seal(names[i], plain, out))
 
         for lo, hi in self._spans(len(todo)):
             batch = todo[lo:hi]
@@ -242,12 +267,14 @@ class RemoteStore(SlotStore):
 
     def _opener(self) -> ThreadPoolExecutor | None:
         """The thread opening this store's sealed values (None without a secret)."""
-        if self.auth is None:
-            return None
+        return None if self.auth is None else self._pool_of("_opening")
+
+    def _pool_of(self, which: str) -> ThreadPoolExecutor:
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-open")
-            return self._pool
+            pool = self._pools.get(which)
+            if pool is None:
+                pool = self._pools[which] = ThreadPoolExecutor(1, f"kvtier{which}")
+            return pool
 
     def _mark(self, names: list[bytes], start: bool) -> None:
         tick = self._tick = next(self._ticks)
@@ -312,6 +339,6 @@ class RemoteStore(SlotStore):
         return True
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        for pool in self._pools.values():
+            pool.shutdown()
         self.client.close()
