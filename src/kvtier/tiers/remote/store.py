@@ -190,20 +190,22 @@ class RemoteStore(SlotStore):
         self.skipped_writes += len(keys) - len(todo)
 
         auth = self.auth
-        sealer = self._pool_of("_sealer") if auth and auth.mode == MODE_AEAD else None
-        out = auth.buffers() if sealer is not None and auth else None
+        sealer = self._pool_of("_sealer") if auth else None
+        out = auth.buffers() if auth else None
 
         def parts(j: int) -> Iterator[Any]:
             i = batch[j]
             plain = self._parts(keys[i], parents[i] if parents else None, src[i])
-            if auth is None:
+            if auth is None or sealer is None:
                 return plain
-            if sealer is None:
-                return auth.seal(names[i], plain)
-            # Each part encrypted on the sealer thread while the one before is sent (both
-            # release the interpreter); the two buffers alternate. MAC pieces are views of
-            # the source or of a staging buffer, so they are not made ahead.
-            return _ahead(sealer, auth.seal(names[i], plain, out))
+            sealed = auth.seal(names[i], plain, out)
+            # Each part MACed or encrypted on the sealer thread while the one before is
+            # sent (both release the interpreter): AEAD parts alternate between two
+            # buffers; MAC parts are views of the source, made ahead only when no part
+            # goes through the (single) staging buffer of a device segment.
+            if auth.mode == MODE_AEAD or all(g.device.type == "cpu" for _, g in src[i]):
+                return _ahead(sealer, sealed)
+            return sealed
 
         for lo, hi in self._spans(len(todo)):
             batch = todo[lo:hi]
