@@ -34,7 +34,7 @@ from kvtier.tiers.envelope import HEADER_BYTES, parse_envelope, seal
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, ValueAuth, subkey
 from kvtier.tiers.remote.client import RemoteUnavailable
-from kvtier.tiers.remote.keyspace import PREFIX, purge_pattern
+from kvtier.tiers.remote.keyspace import PREFIX, is_chunk_name, purge_pattern
 from mini_engine import MiniEngine
 from redis_fixtures import cluster, flush, raw_client, server  # noqa: F401  (fixtures)
 from test_remote_engine import CHUNK, assert_clean, drive, remote_tokens, workload
@@ -425,6 +425,9 @@ def test_purge_patterns_select_one_tenant_or_model(server, secret):  # noqa: F81
     assert scan(None, "m2") == made["alpha", "m2"] | made["beta", "m2"]
     assert scan("beta", "m1") == made["beta", "m1"]
     assert scan(None, None) == set().union(*made.values())
+    assert all(is_chunk_name(n) for n in scan(None, None))
+    cut = next(iter(made["beta", "m1"]))[:-2]
+    assert not is_chunk_name(b"other:alpha") and not is_chunk_name(cut)
     assert scan("gamma", None) == set()
     other = SECRET_B if secret else SECRET_A  # the wrong secret (or one where none was)
     assert not set(raw.scan_iter(match=purge_pattern("alpha", None, other)))

@@ -25,6 +25,7 @@ printable and keeps ``{``/``}`` bytes from moving the hash tag.
 from __future__ import annotations
 
 import binascii
+import re
 from collections.abc import Sequence
 
 import blake3
@@ -52,6 +53,23 @@ def _label(kind: bytes, text: str, key: bytes | None) -> bytes:
     data = kind + b"\x00" + text.encode()
     h = blake3.blake3(data, key=key) if key else blake3.blake3(data)
     return h.digest(LABEL_BYTES).hex().encode()
+
+
+_REST_CHARS = 2 * (KEY_BYTES - TAG_BYTES)
+assert _REST_CHARS == 2 * _REST_KEYED, "keyed and plain names have one shape"
+
+NAME_RE = re.compile(
+    re.escape(PREFIX)
+    + rb"(?P<tenant>[0-9a-f]{%d}):(?P<model>[0-9a-f]{%d}):\{[0-9a-f]{%d}\}[0-9a-f]{%d}:[0-9]+"
+    % (2 * LABEL_BYTES, 2 * LABEL_BYTES, TAG_CHARS, _REST_CHARS)
+)
+"""Exactly the names kvtier writes, keyed or not (``fullmatch``); groups ``tenant`` and
+``model`` are the labels :func:`purge_pattern` selects by."""
+
+
+def is_chunk_name(name: bytes) -> bool:
+    """Whether ``name`` has the shape of a kvtier chunk name (a purge removes no other)."""
+    return NAME_RE.fullmatch(name) is not None
 
 
 def purge_pattern(namespace_text: str | None, model: str | None, secret: bytes | None) -> bytes:
