@@ -38,11 +38,11 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
 - Sealed values (unless ``--no-auth``): the same store and load through a tier with a
   secret (``store_mac`` / ``load_mac``: keyed names, a keyed-BLAKE3 tag streamed over each
   value's parts) and with ``encrypt: true`` (``store_aead`` / ``load_aead``: AES-256-GCM,
-  each part encrypted into a reused buffer and sent; loads decrypt on the store's opener
-  thread), alternated batch by batch with the other sides, each over the raw client of the
-  same run (``load_ratio_{mac,aead}_vs_raw_client`` and the store ones in the summary:
-  worst over rounds and sizes, ``_median``: the lowest per-size median). Each round then
-  holds four times ``--batch-bytes`` on the server.
+  each part encrypted into a reused buffer and sent; loads of values of 1 MiB and more
+  decrypt on the store's opener thread), alternated batch by batch with the other sides,
+  each over the raw client of the same run (``load_ratio_{mac,aead}_vs_raw_client`` and
+  the store ones in the summary: worst over rounds and sizes, ``_median``: the lowest
+  per-size median). Each round then holds four times ``--batch-bytes`` on the server.
 - Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
   here): ``RemoteIndex.leading`` from the scheduler's side, asked again until it answers
   (the probe thread), median and worst of ``--probes``, for a chain present whole, one
