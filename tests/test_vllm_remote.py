@@ -61,6 +61,7 @@ def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa:
     assert_clean(b)
 
 
+@pytest.mark.slow  # two more engine runs (minutes here); the mini engine covers this path
 def test_encrypted_tier_never_loads_forged_values(tmp_path, baseline):  # noqa: F811
     """An AES-GCM tier (``secret_file``, ``encrypt``) between two real engines: A stores;
     half of what it stored is then overwritten by someone without the secret; B's outputs

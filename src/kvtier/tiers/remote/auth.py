@@ -37,7 +37,7 @@ import hmac
 import os
 import struct
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import blake3
@@ -166,14 +166,12 @@ class ValueAuth:
     def _value_key(self, salt: bytes | memoryview) -> bytes:
         return blake3.blake3(salt, key=self._key).digest(32)
 
-    def seal(
-        self, name: bytes, pieces: Iterable[Any], out: Sequence[bytearray] | None = None
-    ) -> Iterator[Any]:
+    def seal(self, name: bytes, pieces: Iterable[Any]) -> Iterator[Any]:
         """The sealed value of ``name`` as pieces, from ``P``'s ``pieces`` in order (each
         at most PART_BYTES): in MAC mode the pieces themselves, each added to the tag just
         before it is handed on, then the tag; with AEAD the salt and nonce, then each piece
-        encrypted into ``out``'s two buffers in turn (:meth:`buffers`; this thread's when
-        None), then the tag: a piece must be sent before the next but one is asked for."""
+        encrypted into this thread's two buffers in turn, then the tag: a piece must be sent
+        before the next but one is asked for."""
         aad = self.aad(name)
         if self.mode == MODE_MAC:
             mac = blake3.blake3(aad, key=self._key)
@@ -188,17 +186,13 @@ class ValueAuth:
         ).encryptor()
         enc.authenticate_additional_data(aad)
         yield head
-        bufs = self.buffers() if out is None else out
+        bufs = self._buffer("out0", PART_BYTES + 15), self._buffer("out1", PART_BYTES + 15)
         views = [memoryview(b) for b in bufs]
         for k, piece in enumerate(pieces):
             n = enc.update_into(piece, bufs[k & 1])
             yield views[k & 1][:n]
         enc.finalize()
         yield enc.tag
-
-    def buffers(self) -> tuple[bytearray, bytearray]:
-        """This thread's pair of buffers for :meth:`seal` (one piece each)."""
-        return self._buffer("out0", PART_BYTES + 15), self._buffer("out1", PART_BYTES + 15)
 
     def open(self, name: bytes, value: bytes) -> memoryview | None:
         """``P`` of a sealed value whose tag matches, None otherwise (wrong length, forged,
