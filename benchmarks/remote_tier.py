@@ -35,6 +35,14 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   4 KiB), kvtier's reads, one reply at a time, do not. ``--keep-freed`` makes glibc keep
   freed memory (both sides, same process) and so measures against a raw side that never
   faults: the cost of kvtier's checksum and of its copy into the destination alone.
+- Sealed values (unless ``--no-auth``): the same store and load through a tier with a
+  secret (``store_mac`` / ``load_mac``: keyed names, a keyed-BLAKE3 tag streamed over each
+  value's parts) and with ``encrypt: true`` (``store_aead`` / ``load_aead``: AES-256-GCM,
+  each part encrypted into a reused buffer and sent; loads of values of 1 MiB and more
+  decrypt on the store's opener thread), alternated batch by batch with the other sides,
+  each over the raw client of the same run (``load_ratio_{mac,aead}_vs_raw_client`` and
+  the store ones in the summary: worst over rounds and sizes, ``_median``: the lowest
+  per-size median). Each round then holds four times ``--batch-bytes`` on the server.
 - Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
   here): ``RemoteIndex.leading`` from the scheduler's side, asked again until it answers
   (the probe thread), median and worst of ``--probes``, for a chain present whole, one
@@ -48,7 +56,7 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   of the conversations A served (``second_engine_hit_fraction``).
 
 Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm] [--keep-freed]
-[--sends] [--json PATH]``.
+[--sends] [--no-auth] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ from common import fmt_bytes, format_table, machine_info, write_json
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.tiers.base import Pending
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore
+from kvtier.tiers.remote.auth import ValueAuth
+from kvtier.tiers.remote.keyspace import purge_pattern
 from kvtier.tiers.remote.streams import PART_BYTES
 from kvtier.tiers.remote.url import parse_remote_url
 
@@ -87,7 +97,8 @@ OWN_SERVER = [True]
 def _flush(client: RemoteClient) -> None:
     c = client.client
     if not OWN_SERVER[0]:
-        for pattern in (KeySpace(NS).prefix + b"*", b"raw:*", b"praw:*", b"rraw:*"):
+        mine = [purge_pattern(NS.extra, NS.model, k) for k in (None, SECRET)]
+        for pattern in (*mine, b"raw:*", b"praw:*", b"rraw:*"):
             names = list(c.scan_iter(match=pattern, count=1000))
             for lo in range(0, len(names), 500):
                 client.delete(names[lo : lo + 500])
@@ -98,13 +109,24 @@ def _flush(client: RemoteClient) -> None:
         c.flushall()
 
 
+SECRET = b"kvtier-benchmark-secret-0123456789abcdef"
+"""The MAC and AEAD sides' secret (a benchmark's: a real one comes from secret_env/_file)."""
+
+
+def _sealed_store(client: RemoteClient, size: int, encrypt: bool) -> RemoteStore:
+    """A store as a redis tier with a secret builds one (keyed names, MAC or AES-GCM)."""
+    auth = ValueAuth(SECRET, encrypt, NS.digest(), size)
+    return RemoteStore(client, KeySpace(NS, SECRET, encrypt), size, NS.digest(), auth=auth)
+
+
 def bandwidth(
-    url: str, size: int, batch_bytes: int, repeats: int, sends: bool = False
+    url: str, size: int, batch_bytes: int, repeats: int, sends: bool = False, auth: bool = True
 ) -> dict[str, Any]:
     n = max(4, batch_bytes // size)
     client = RemoteClient(parse_remote_url(url), timeout_s=30)
     space = KeySpace(NS)
     store = RemoteStore(client, space, size, NS.digest())
+    sealed = {"mac": _sealed_store(client, size, False), "aead": _sealed_store(client, size, True)}
     src = torch.randint(0, 256, (n, size), dtype=torch.uint8)
     dst = torch.zeros_like(src)
     keys = chunk_keys(list(range(n * 4)), 4, b"bench")
@@ -119,6 +141,8 @@ def bandwidth(
     }
     if sends:
         samples.update(raw_set_parts=[], raw_set_read_parts=[])
+    if auth:
+        samples.update(store_mac=[], load_mac=[], store_aead=[], load_aead=[])
     slots = [-1] * n
 
     def raw_set(lo: int) -> None:
@@ -156,6 +180,22 @@ def bandwidth(
         hi = min(n, lo + per)
         assert all(store.read(slots[lo:hi], keys[lo:hi], _segments(dst[lo:hi])))
 
+    def sealed_sides(mode: str) -> tuple[Any, Any]:
+        s = sealed[mode]
+        batch = s.batch  # a few bytes more per value: batches as the tier would split them
+
+        def write(lo: int) -> None:
+            for a in range(lo, min(n, lo + per), batch):
+                b = min(n, lo + per, a + batch)
+                assert all(s.write(slots[a:b], keys[a:b], _segments(src[a:b])))
+
+        def read(lo: int) -> None:
+            for a in range(lo, min(n, lo + per), batch):
+                b = min(n, lo + per, a + batch)
+                assert all(s.read(slots[a:b], keys[a:b], _segments(dst[a:b])))
+
+        return write, read
+
     faults = dict.fromkeys(samples, 0)  # minor page faults of the timed rounds, per side
 
     def timed(name: str, fn: Any, *args: Any) -> float:
@@ -172,7 +212,12 @@ def bandwidth(
             ("raw_set_parts", raw_parts(b"p", read=False)),
             ("raw_set_read_parts", raw_parts(b"r", read=True)),
         )
-    loads = (("load", kvtier_load), ("raw_get", raw_get))
+    loads: tuple[tuple[str, Any], ...] = (("load", kvtier_load), ("raw_get", raw_get))
+    if auth:
+        for mode in ("mac", "aead"):
+            w, rd = sealed_sides(mode)
+            writes += ((f"store_{mode}", w),)
+            loads += ((f"load_{mode}", rd),)
     for r in range(repeats + 1):
         # Each round starts on an emptied server. The sides alternate batch by batch, the
         # writes and then the loads (kvtier's batch, raw's, raw's, kvtier's, ...; each
@@ -193,8 +238,17 @@ def bandwidth(
             samples[name].append(nb / secs / 1e9)
     _flush(client)
     store.close()
+
+    def over(name: str, base: str) -> dict[str, float]:
+        return _spread([k / r for k, r in zip(samples[name], samples[base], strict=True)])
+
     ratios_load = [k / r for k, r in zip(samples["load"], samples["raw_get"], strict=True)]
     ratios_store = [k / r for k, r in zip(samples["store"], samples["raw_set"], strict=True)]
+    sealed_ratios = {}
+    if auth:
+        for mode in ("mac", "aead"):
+            sealed_ratios[f"load_ratio_{mode}"] = over(f"load_{mode}", "raw_get")
+            sealed_ratios[f"store_ratio_{mode}"] = over(f"store_{mode}", "raw_set")
 
     def over_raw_set(name: str) -> dict[str, float]:
         return _spread([k / r for k, r in zip(samples[name], samples["raw_set"], strict=True)])
@@ -208,6 +262,7 @@ def bandwidth(
         "gbps": {k: _spread(v) for k, v in samples.items()},
         "load_ratio": _spread(ratios_load),
         "store_ratio": _spread(ratios_store),
+        **sealed_ratios,
         **extra,
         "page_faults_per_mib": {k: v / (repeats * n * size / 2**20) for k, v in faults.items()},
     }
@@ -325,6 +380,11 @@ def main() -> None:
         action="store_true",
         help="also time the raw SET's bytes sent in kvtier's 256 KiB parts (read first or not)",
     )
+    ap.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="skip the MAC and AEAD sides (a tier with a secret, and with encrypt: true)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.keep_freed:
@@ -341,7 +401,8 @@ def main() -> None:
         url = server.url
     try:
         sizes = [256 << 10, 1 << 20, 4 << 20]
-        bw = [bandwidth(url, s, a.batch_bytes, a.repeats, a.sends) for s in sizes]
+        auth = not a.no_auth
+        bw = [bandwidth(url, s, a.batch_bytes, a.repeats, a.sends, auth) for s in sizes]
         lk = lookup(url, a.probes)
         vllm: dict[str, Any] = {}
         if a.vllm:
@@ -375,6 +436,32 @@ def main() -> None:
             title=f"remote tier vs raw pipelined SET/GET ({where}, loopback)",
         )
     )
+    if auth:
+        print(
+            format_table(
+                [
+                    "chunk",
+                    *(
+                        f"{op} ratio {m}"
+                        for m in ("off", "MAC", "AEAD")
+                        for op in ("load", "store")
+                    ),
+                ],
+                [
+                    [
+                        fmt_bytes(b["chunk_bytes"]),
+                        *(
+                            _fmt_spread(b[f"{op}_ratio{m}"])
+                            for m in ("", "_mac", "_aead")
+                            for op in ("load", "store")
+                        ),
+                    ]
+                    for b in bw
+                ],
+                title="over the raw client, worst / median / best: options off, MAC (a secret), "
+                "AEAD (encrypt: true)",
+            )
+        )
     print(
         f"lookup of a {lk['tokens']}-token prompt ({lk['keys']} keys), median / worst: "
         + ", ".join(
@@ -397,6 +484,14 @@ def main() -> None:
         "cluster": bool(a.cluster),
         "allocator": "glibc, freed memory kept" if a.keep_freed else "glibc default",
     }
+    if auth:
+        for mode in ("mac", "aead"):
+            for op in ("load", "store"):
+                ratios = [b[f"{op}_ratio_{mode}"] for b in bw]
+                summary[f"{op}_ratio_{mode}_vs_raw_client"] = min(r["worst"] for r in ratios)
+                summary[f"{op}_ratio_{mode}_vs_raw_client_median"] = min(
+                    r["median"] for r in ratios
+                )
     if a.sends:
         # Why a store can beat the raw SET: the raw SET's own bytes sent the way kvtier
         # sends (medians per chunk size, over the raw SET).

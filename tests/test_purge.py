@@ -19,7 +19,7 @@ from kvtier.purge import selector_args, target_of
 from kvtier.tiers.disk.format import LOCK_NAME, SUPER_NAME
 from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteStore, parse_remote_url
-from kvtier.tiers.remote.keyspace import prefix_of
+from kvtier.tiers.remote.keyspace import PREFIX
 from kvtier.tiers.remote.purge import purge_remote
 from redis_fixtures import flush, server  # noqa: F401  (fixture)
 
@@ -29,7 +29,12 @@ WORLD = 2
 A = Namespace("org/model-a@", "layout-1", "tp2pp1", "tenant-1")
 B = Namespace("org/model-a@", "layout-1", "tp2pp1", "tenant-2")
 A_ARGS = ["--model", "org/model-a", "--layout", "layout-1", "--parallel", "tp2pp1"]
-FOREIGN = [b"other:key", b"kvt3:not-a-chunk", prefix_of(A.chain_digest()) + b"junk}:0"]
+FOREIGN = [b"other:key", PREFIX + b"not-a-chunk", KeySpace(A).prefix + b"junk}:0"]
+
+
+def _labels(ns: Namespace) -> str:
+    """The ``<tenant>:<model>`` labels of ``ns``'s remote names (what ``--list`` shows)."""
+    return KeySpace(ns).prefix[len(PREFIX) : -2].decode()
 
 
 def _keys(ns: Namespace) -> list[bytes]:
@@ -166,10 +171,10 @@ def test_list_and_digest(server, tmp_path, capsys):  # noqa: F811
     raw = _fill(server.url, root)
     assert main(["purge", "--remote", server.url, "--disk", str(root), "--list"]) == 0
     out = capsys.readouterr().out
-    assert f"--digest {A.chain_digest().hex()}  {N * WORLD} chunks" in out
+    assert f"--digest {_labels(A)}  {N * WORLD} chunks" in out
     assert f"--digest {A.for_rank(1).digest().hex()}  {N} chunks" in out
-    # A remote digest purges that namespace; a rank digest that rank's disk chunks.
-    assert main(["purge", "--remote", server.url, "--digest", B.chain_digest().hex()]) == 0
+    # Remote labels purge that tenant's model; a rank digest that rank's disk chunks.
+    assert main(["purge", "--remote", server.url, "--digest", _labels(B)]) == 0
     assert _remote_reads(server.url, B) == [False] * (N * WORLD)
     assert all(_remote_reads(server.url, A))
     disk = ["--disk", str(root), "--digest", B.for_rank(1).digest().hex()]
@@ -188,7 +193,7 @@ def test_a_directory_in_use_is_refused_and_bad_selections_are_one_line(tmp_path,
     assert (root / SUPER_NAME).exists()
     for args, needle in [
         (["--disk", str(root), "--model", "m"], "--model and --layout together"),
-        (["--disk", str(root), "--namespace", "t"], "--namespace needs --model"),
+        (["--disk", str(root), "--namespace", "t"], "a disk tier is selected by"),
         (["--disk", str(root)], "exactly one of"),
         (["--disk", str(root), "--all", "--digest", "00"], "exactly one of"),
         (["--disk", str(root), "--digest", "zz"], "not hex"),
@@ -237,4 +242,13 @@ def test_purge_remote_scans_in_batches(server):  # noqa: F811
     got = purge_remote(raw, target, scan_count=7, progress=seen.append)
     assert got.chunks == 40 and raw.dbsize() == 0
     assert len(seen) >= 40 // 7 and seen[-1] == 40
+    raw.close()
+
+
+def test_a_tenant_alone_is_purged_from_a_remote_store(server, tmp_path):  # noqa: F811
+    """``--namespace`` without ``--model``: every model of that tenant, on the remote store."""
+    raw = _fill(server.url, tmp_path / "disk")
+    assert main(["purge", "--remote", server.url, "--namespace", B.extra]) == 0
+    assert _remote_reads(server.url, B) == [False] * (N * WORLD)
+    assert all(_remote_reads(server.url, A))
     raw.close()

@@ -178,7 +178,7 @@ def test_corrupt_and_foreign_values_are_misses(server):  # noqa: F811
     a = serve(server.url, prompts, "a")
     a.close()
     raw = raw_client(server.url)
-    names = sorted(raw.keys("kvt3:*"))
+    names = sorted(raw.keys("kvt4:*"))
     assert names
     rng = random.Random(0)
     for name in rng.sample(names, len(names) // 2):
@@ -213,7 +213,7 @@ def test_eviction_behind_kvtiers_back(server):  # noqa: F811
     def evict(step: int) -> None:
         if step == 0:
             return  # the first lookups find the prefix; then keys go while loads run
-        names = raw.keys("kvt3:*")
+        names = raw.keys("kvt4:*")
         for name in rng.sample(names, min(len(names), 3)):
             raw.delete(name)
 
@@ -233,13 +233,13 @@ def test_maxmemory_lru_evicts_and_engines_cope():
         drive(a)
         a.close()
         raw = raw_client(s.url)
-        before = len(raw.keys("kvt3:*"))
+        before = len(raw.keys("kvt4:*"))
         filler = redis.Redis(port=s.port)
         for i in range(40):  # other tenants' data pushes kvtier's keys out
             filler.set(f"other:{i}", b"x" * 100_000)
         assert filler.info("stats")["evicted_keys"] > 0
         filler.close()
-        assert len(raw.keys("kvt3:*")) < before
+        assert len(raw.keys("kvt4:*")) < before
         raw.close()
         b = serve(s.url, prompts, "b")
         b.close()
@@ -276,7 +276,7 @@ def random_traffic(srv: RedisServer, remote_hits: list[int], seed: int, evict: i
     raw = raw_client(srv.url)
 
     def hook(step: int) -> None:
-        names = raw.keys("kvt3:*")
+        names = raw.keys("kvt4:*")
         for name in rng.sample(names, min(len(names), evict)):
             raw.delete(name)
 

@@ -59,3 +59,35 @@ def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa:
     assert metric(b, "loads", "redis", "async") >= 1
     assert metric(b, "failures", "redis", "load") == 0
     assert_clean(b)
+
+
+@pytest.mark.slow  # two more engine runs (minutes here); the mini engine covers this path
+def test_encrypted_tier_never_loads_forged_values(tmp_path, baseline):  # noqa: F811
+    """An AES-GCM tier (``secret_file``, ``encrypt``) between two real engines: A stores;
+    half of what it stored is then overwritten by someone without the secret; B's outputs
+    are still token-identical to an engine without kvtier, it loads the honest half from
+    the store, and its worker processes count the forgeries into the scheduler's metrics."""
+    import random
+
+    import redis
+
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef" * 4 + "\n")
+    with RedisServer() as server:
+        remote = {"kind": "redis", "url": server.url, "timeout_ms": 3000}
+        remote.update(secret_file=str(secret), encrypt=True)
+        cfg = {"sync_budget": "1GiB", "tiers": [{"kind": "cpu", "capacity": "256MiB"}, remote]}
+        a = run(tmp_path, cfg, program=[phase("p1", 12)], note="encrypted A")
+        assert outputs(a)[0] == outputs(baseline)[0] and metric(a, "stored_chunks", "redis") > 0
+        raw = redis.Redis(port=server.port)
+        names = sorted(raw.keys("kvt4:*"))
+        for name in random.Random(0).sample(names, len(names) // 2):
+            value = raw.get(name)
+            raw.set(name, bytes(len(value)))
+        raw.close()
+        b = run(tmp_path, cfg, program=[phase("p1", 12)], note="encrypted B")
+    assert outputs(b)[0] == outputs(baseline)[0]
+    assert sum(s.get("p2p", 0) for s in sources(b, 0)) > 0
+    assert metric(b, "remote_auth_failures", "redis") > 0
+    assert metric(b, "remote_healed_values", "redis") == metric(b, "remote_auth_failures", "redis")
+    assert_clean(b)

@@ -89,21 +89,32 @@ def _purge(args: argparse.Namespace) -> int:
     target = target_of(
         args.all, args.model, args.revision, args.layout, args.parallel, args.namespace, args.digest
     )
-    if target.digest is not None and args.remote and args.disk:
+    if (target.digest is not None or target.labels is not None) and args.remote and args.disk:
         raise ConfigError(
-            "purge: --digest selects on one tier at a time (remote names carry the chain "
-            "digest, disk headers a rank digest: see --list)"
+            "purge: --digest selects on one tier at a time (remote names carry labels, disk "
+            "headers a rank digest: see --list)"
+        )
+    if args.disk and (target.tenant is not None or target.labels is not None):
+        raise ConfigError(
+            "purge: a disk tier is selected by --all, --model with --layout, or a --digest "
+            "(its headers carry only a digest of the whole namespace)"
         )
     verb = "would remove" if args.dry_run else "removed"
     print(f"purge: {target.describe()}{' (dry run: nothing is removed)' if args.dry_run else ''}")
     if args.remote:
+        from kvtier.tiers.remote.auth import load_secret
         from kvtier.tiers.remote.purge import purge_remote
 
+        secret = load_secret(args.secret_env, args.secret_file, False, "purge")
         with _remote(args.remote) as (client, display):
             got = _redis_call(
                 display,
                 lambda: purge_remote(
-                    client, target, dry_run=args.dry_run, progress=progress_printer(display)
+                    client,
+                    target,
+                    dry_run=args.dry_run,
+                    secret=secret,
+                    progress=progress_printer(display),
                 ),
             )
         extra = f" ({got.foreign} other keys under the prefix left alone)" if got.foreign else ""
@@ -354,7 +365,21 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--namespace", default="", help="the deployment's namespace text (a tenant; default: '')"
     )
-    r.add_argument("--digest", default=None, metavar="HEX", help="a digest --list shows")
+    r.add_argument(
+        "--digest",
+        default=None,
+        metavar="HEX",
+        help="a digest (disk) or labels (remote) --list shows",
+    )
+    r.add_argument(
+        "--secret-env",
+        default=None,
+        metavar="NAME",
+        help="the redis tier's secret_env (keyed names)",
+    )
+    r.add_argument(
+        "--secret-file", default=None, metavar="PATH", help="the redis tier's secret_file"
+    )
     r.add_argument("--dry-run", action="store_true", help="count only; remove nothing")
     r.add_argument("--list", action="store_true", help="chunks per namespace digest")
     r.set_defaults(func=_purge)

@@ -123,13 +123,23 @@ class WorkerReport:
     """Forward-pass time of the step, sync copies excluded (0 if no forward ran)."""
     load_bandwidth: float = 0.0
     """Calibrated load bandwidth in bytes/s (reported once, 0 otherwise)."""
+    counters: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Stores' own counts since the last report: ``{tier: {metric name: amount}}``
+    (metrics labelled by tier alone, e.g. ``remote_auth_failures``)."""
 
     def merge(self, other: WorkerReport) -> WorkerReport:
-        """Reports of several workers for one step (the scheduler counts per-job answers)."""
+        """Reports of several workers for one step (the scheduler counts per-job answers;
+        counters add)."""
+        counters = {t: dict(c) for t, c in self.counters.items()}
+        for tier, counts in other.counters.items():
+            mine = counters.setdefault(tier, {})
+            for name, v in counts.items():
+                mine[name] = mine.get(name, 0.0) + v
         return WorkerReport(
             self.results + other.results,
             max(self.forward_seconds, other.forward_seconds),
             min(x for x in (self.load_bandwidth, other.load_bandwidth) if x > 0)
             if (self.load_bandwidth > 0 or other.load_bandwidth > 0)
             else 0.0,
+            counters,
         )

@@ -320,6 +320,7 @@ class CacheManager:
             self.budget.observe_bandwidth(report.load_bandwidth)
         if report.forward_seconds > 0:
             self.budget.observe_step(report.forward_seconds)
+        self.metrics.inc_tiers(report.counters)
         for result in report.results:
             entry = self.jobs.answer(result)
             if entry is not None:

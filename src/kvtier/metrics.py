@@ -29,6 +29,22 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Requests neither loaded nor stored: an input kind chunk keys cannot cover, by kind.",
         ("input",),
     ),
+    "remote_auth_failures": (
+        "counter",
+        "Remote values refused because their MAC or AES-GCM tag failed (forged, changed or "
+        "moved), by tier.",
+        ("tier",),
+    ),
+    "remote_bad_values": (
+        "counter",
+        "Remote values refused by another check (truncated, foreign, checksum), by tier.",
+        ("tier",),
+    ),
+    "remote_healed_values": (
+        "counter",
+        "Refused remote values deleted so that the next store writes them again, by tier.",
+        ("tier",),
+    ),
     "sync_budget_used_bytes": ("histogram", "Sync-load bytes used per engine step.", ()),
     "sync_budget_bytes": ("gauge", "Current per-step sync-load budget in bytes.", ()),
 }
@@ -49,6 +65,12 @@ class Metrics:
         with self._lock:
             series = self.values.setdefault(name, {})
             series[labels] = series.get(labels, 0.0) + amount
+
+    def inc_tiers(self, counters: Mapping[str, Mapping[str, float]]) -> None:
+        """Add ``{tier: {metric name: amount}}`` (metrics labelled by tier alone)."""
+        for tier, counts in counters.items():
+            for name, amount in counts.items():
+                self.inc(name, amount, tier)
 
     def set(self, name: str, value: float, *labels: str) -> None:
         _check(name, labels)

@@ -143,7 +143,12 @@ class WorkerSide:
     def report(self) -> WorkerReport:
         """Results and measurements since the last report."""
         self._collect()
-        rep = WorkerReport(self._results, self._forward_seconds, self._bandwidth)
+        counters = {}
+        for tier, store in self.engine.stores.items():
+            counts = store.take_counters()
+            if counts:
+                counters[tier] = counts
+        rep = WorkerReport(self._results, self._forward_seconds, self._bandwidth, counters)
         self._results = []
         self._forward_seconds = 0.0
         self._bandwidth = 0.0

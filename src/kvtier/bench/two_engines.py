@@ -90,7 +90,7 @@ def check_url(url: str) -> str:
     try:
         client = RemoteClient(target, timeout_s=3)
         try:
-            client.exists_many([b"kvt3:reachable?"])
+            client.exists_many([b"kvt4:reachable?"])
         finally:
             client.close()
     except RemoteUnavailable as e:
@@ -162,7 +162,7 @@ def run_two_engines(
             b = engine_run("B", spec(cfg, ("continuations", second)))
         finally:
             if not own:  # a store kvtier did not start: delete exactly this run's keys
-                _delete_namespace(store_url, a["kvtier"]["namespace"])
+                _delete_namespace(store_url, namespace)
     base = engine_run("baseline", spec(None, ("first", first), ("continuations", second)))
     return _result(a, b, base, first, second, opts, namespace, url)
 
@@ -326,16 +326,15 @@ def shown(url: str | None) -> str:
     return parse_remote_url(url).display
 
 
-def _delete_namespace(url: str, digest_hex: str | None) -> None:
-    """Delete this run's chunks (one namespace's keys) from a store kvtier did not start."""
-    if not digest_hex:
-        return
+def _delete_namespace(url: str, namespace: str) -> None:
+    """Delete this run's chunks (its namespace text's keys) from a store kvtier did not
+    start."""
     from kvtier.tiers.remote import RemoteClient, RemoteUnavailable, parse_remote_url
-    from kvtier.tiers.remote.keyspace import prefix_of
+    from kvtier.tiers.remote.keyspace import purge_pattern
 
     client = RemoteClient(parse_remote_url(url), timeout_s=10)
     with contextlib.suppress(RemoteUnavailable):
-        pattern = prefix_of(bytes.fromhex(digest_hex)) + b"*"
+        pattern = purge_pattern(namespace, None, None)
         client.delete(list(client.client.scan_iter(match=pattern, count=1000)))
     client.close()
 

@@ -83,6 +83,16 @@ class TierSpec:
     ttl_s: int = 0
     """Remote tiers: expire stored chunks after this many seconds (0: never; the server's
     ``maxmemory`` + ``allkeys-lru`` evicts)."""
+    secret_env: str | None = None
+    """Remote tiers: environment variable holding the tier's secret (at least 32 bytes,
+    surrounding whitespace dropped; never the secret itself in the config). With a secret
+    every value carries a MAC and names are keyed: engines share chunks only with engines
+    holding the same secret, and never load a value someone without it wrote."""
+    secret_file: str | None = None
+    """Remote tiers: a file holding the tier's secret (instead of ``secret_env``)."""
+    encrypt: bool = False
+    """Remote tiers: seal every value with AES-256-GCM instead of a MAC (needs a secret),
+    so the store holds no readable KV."""
     source: str | None = None
     """Hit source label reported for this tier ("host", "p2p", "disk", ...); None: the
     kind's."""
@@ -232,6 +242,9 @@ _FIELDS: dict[str, Any] = {
     "ssl_key": _opt_text,
     "ssl_check_hostname": _flag,
     "ttl_s": _seconds,
+    "secret_env": _opt_text,
+    "secret_file": _opt_text,
+    "encrypt": _flag,
     "source": _source,
     "on_store": _choice(ON_STORE),
     "on_evict": _choice(ON_EVICT),
@@ -278,7 +291,7 @@ def parse_tier(data: object, name: str, first: bool) -> TierSpec:
         raise ConfigError(f"{name}.path: a disk tier needs a directory")
     if spec.kind == "redis":
         return _remote(spec, name)
-    remote_only = sorted(k for k in _REMOTE_KEYS if k in data and k != "url")
+    remote_only = sorted(k for k in (*_REMOTE_KEYS, *_SECRET_KEYS) if k in data and k != "url")
     if remote_only:
         raise ConfigError(
             f"{name}: {', '.join(remote_only)} apply to the redis kind only (got {spec.kind!r})"
@@ -306,7 +319,9 @@ _REMOTE_KEYS = (
 )
 """Keys of the redis kind alone (``url`` is the memory kind's too)."""
 _COMMON_KEYS = ("kind", "name", "capacity", "eviction", "source", *_EDGE_KEYS)
-_KIND_KEYS: dict[str, tuple[str, ...]] = {"redis": (*_COMMON_KEYS, *_REMOTE_KEYS)}
+_SECRET_KEYS = ("secret_env", "secret_file", "encrypt")
+"""The redis kind's value-protection keys (kvtier.tiers.remote.auth)."""
+_KIND_KEYS: dict[str, tuple[str, ...]] = {"redis": (*_COMMON_KEYS, *_REMOTE_KEYS, *_SECRET_KEYS)}
 """What a kind accepts, where it is narrower than every key (the error lists these)."""
 _TOLERATED: dict[str, tuple[str, ...]] = {"redis": ("shared", "lookup_delay_ms")}
 """Keys a kind accepts without listing them: a redis tier is always shared, and its
@@ -329,6 +344,10 @@ def _remote(spec: TierSpec, name: str) -> TierSpec:
     check_tls(spec, target, name)
     if spec.lookup_delay_ms:
         raise ConfigError(f"{name}.lookup_delay_ms: a redis tier waits for real (probe_wait_ms)")
+    from kvtier.tiers.remote.auth import load_secret
+
+    # Loaded now to refuse a bad secret before anything is built; again when the tier is.
+    load_secret(spec.secret_env, spec.secret_file, spec.encrypt, name)
     return dataclasses.replace(spec, shared=True)
 
 

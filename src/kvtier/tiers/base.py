@@ -236,6 +236,11 @@ class SlotStore(ABC):
         the whole payload. ``parents[i]`` is the key before ``keys[i]`` in its chain (None
         for a chain start); stores that survive restarts record it, others ignore it."""
 
+    def take_counters(self) -> dict[str, float]:
+        """Counts of tier-specific events (kvtier metric names, e.g. bad remote values)
+        since the last call; none by default."""
+        return {}
+
     def close(self) -> None:
         """Release resources; idempotent."""
 

@@ -2,7 +2,10 @@
 
 Always shared and last in the stack: the scheduler side gets a :class:`RemoteIndex`
 (probes), each worker a :class:`RemoteStore` with its own connections. Hit source ``p2p``
-(vLLM's label for KV from other engines) unless the spec names another.
+(vLLM's label for KV from other engines) unless the spec names another. With a secret
+(``secret_env`` / ``secret_file``) both sides load it when built (a ConfigError naming the
+option if it cannot be loaded: nothing is stored under a half-applied configuration), the
+names are keyed and every value is MACed, or with ``encrypt`` AES-256-GCM sealed.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from kvtier.sources import HitSource
 from kvtier.stack.registry import TierContext, TierKind
 from kvtier.stack.spec import TierSpec
 from kvtier.tiers.base import SlotStore, TierIndex
+from kvtier.tiers.remote.auth import ValueAuth, load_secret
 from kvtier.tiers.remote.client import RemoteClient
 from kvtier.tiers.remote.index import RemoteIndex
 from kvtier.tiers.remote.keyspace import KeySpace
@@ -39,21 +43,29 @@ def client_for(spec: TierSpec) -> RemoteClient:
     return RemoteClient(target, timeout_s=spec.timeout_ms / 1e3, tls=tls_files(spec))
 
 
+def secret_for(spec: TierSpec) -> bytes | None:
+    """The tier's secret (None without one); ConfigError naming the option otherwise."""
+    return load_secret(spec.secret_env, spec.secret_file, spec.encrypt, f"tier {spec.label!r}")
+
+
 def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
-    return RemoteIndex(
-        client_for(spec), KeySpace(ctx.namespace), ctx.world, spec.probe_wait_ms / 1e3
-    )
+    space = KeySpace(ctx.namespace, secret_for(spec), spec.encrypt)
+    return RemoteIndex(client_for(spec), space, ctx.world, spec.probe_wait_ms / 1e3)
 
 
 def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
+    secret = secret_for(spec)
+    digest = ctx.namespace.digest()
+    auth = ValueAuth(secret, spec.encrypt, digest, ctx.chunk_bytes) if secret else None
     return RemoteStore(
         client_for(spec),
-        KeySpace(ctx.namespace),
+        KeySpace(ctx.namespace, secret, spec.encrypt),
         ctx.chunk_bytes,
-        ctx.namespace.digest(),
+        digest,
         ctx.namespace.rank,
         num_slots=ctx.capacity_chunks(spec, DEFAULT_CAPACITY),
         ttl_s=spec.ttl_s,
+        auth=auth,
     )
 
 

@@ -2,8 +2,10 @@
 
 Contract:
 
-- Scope: only names of kvtier's own shape (:mod:`kvtier.tiers.remote.keyspace`) under the
-  glob(s) of :func:`match_patterns` are counted or removed. The glob is checked again on
+- Scope: only names of kvtier's own shape (:func:`kvtier.tiers.remote.keyspace.is_chunk_name`)
+  under the glob(s) of :func:`match_patterns` are counted or removed. Names written under a
+  tier secret are keyed: only a purge given the same secret selects a tenant or a model
+  among them (``--all`` needs none). The glob is checked again on
   each name it returns (any other key that happens to share the prefix is left alone and
   counted as ``foreign``).
 - Batches: SCAN with COUNT ``scan_count`` (every primary of a cluster); each batch of
@@ -18,40 +20,39 @@ Contract:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
-from kvtier.keys import KEY_BYTES
+from kvtier.errors import ConfigError
 from kvtier.purge import PurgeTarget
-from kvtier.tiers.remote.keyspace import PREFIX, TAG_CHARS, prefix_of
+from kvtier.tiers.remote.keyspace import NAME_RE, PREFIX, is_chunk_name, purge_pattern
 
 SCAN_COUNT = 1000
 """Names a SCAN step looks at (per node): large enough that a million names cost about a
 thousand round trips, small enough that one step never blocks the server for long."""
 
-_NAME = re.compile(
-    re.escape(PREFIX)
-    + rb"(?P<ns>[0-9a-f]{%d}):\{[0-9a-f]{%d}\}[0-9a-f]{%d}:[0-9]+"
-    % (2 * KEY_BYTES, TAG_CHARS, 2 * KEY_BYTES - TAG_CHARS)
-)
-"""Exactly the names kvtier writes (``kvt3:<namespace>:{<tag>}<rest>:<rank>``)."""
 
-
-def match_patterns(target: PurgeTarget) -> list[bytes]:
-    """SCAN MATCH globs selecting ``target``'s chunks: the one place purge knows the
-    keyspace's layout. Namespace digests are hex, so no glob character comes from them."""
+def match_patterns(target: PurgeTarget, secret: bytes | None = None) -> list[bytes]:
+    """SCAN MATCH globs selecting ``target``'s chunks (``secret``: the tier's, for keyed
+    names). Labels are hex, so no glob character comes from them."""
     if target.every:
         return [PREFIX + b"*"]
     if target.namespace is not None:
-        return [prefix_of(target.namespace.chain_digest()) + b"*"]
-    assert target.digest is not None
-    return [prefix_of(target.digest) + b"*"]
+        return [purge_pattern(target.namespace.extra, target.namespace.model, secret)]
+    if target.tenant is not None:
+        return [purge_pattern(target.tenant, None, secret)]
+    if target.labels is not None:
+        return [PREFIX + target.labels.encode() + b":*"]
+    raise ConfigError(
+        "purge: a remote store is selected by --all, --model/--namespace or the TENANT:MODEL "
+        "labels --list shows (its names carry no namespace digest)"
+    )
 
 
 def is_kvtier_name(name: bytes) -> bool:
-    return _NAME.fullmatch(name) is not None
+    return is_chunk_name(name)
 
 
 @dataclass
@@ -79,18 +80,20 @@ def purge_remote(
     target: PurgeTarget,
     *,
     dry_run: bool = False,
+    secret: bytes | None = None,
     scan_count: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> RemotePurge:
     """Remove (or count, ``dry_run``) ``target``'s chunks on the library client ``client``
     (``redis.Redis`` or ``redis.RedisCluster``), SCANning ``scan_count`` names a step
-    (default SCAN_COUNT); ``progress(chunks so far)`` after each batch. Library errors are
-    raised as they are."""
+    (default SCAN_COUNT); ``secret``: the tier's (keyed names); ``progress(chunks so far)``
+    after each batch. Library errors are raised as they are."""
     out = RemotePurge()
     count = scan_count or SCAN_COUNT
-    for pattern in match_patterns(target):
+    for pattern in match_patterns(target, secret):
         for batch in _batches(client, pattern, count, count):
-            mine = [n for n in batch if is_kvtier_name(n) and n.startswith(pattern[:-1])]
+            glob = pattern.decode()
+            mine = [n for n in batch if is_kvtier_name(n) and fnmatchcase(n.decode(), glob)]
             out.foreign += len(batch) - len(mine)
             if not mine:
                 continue
@@ -101,12 +104,13 @@ def purge_remote(
 
 
 def namespaces_present(client: Any) -> dict[str, int]:
-    """Chunks per namespace digest (hex, as in the names and ``--digest``), most first."""
+    """Chunks per ``<tenant>:<model>`` label pair (as in the names and ``--digest``), most
+    first."""
     counts: dict[str, int] = {}
     for batch in _batches(client, PREFIX + b"*", SCAN_COUNT, SCAN_COUNT):
         for name in batch:
-            m = _NAME.fullmatch(name)
+            m = NAME_RE.fullmatch(name)
             if m is not None:
-                ns = m.group("ns").decode()
+                ns = f"{m.group('tenant').decode()}:{m.group('model').decode()}"
                 counts[ns] = counts.get(ns, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
