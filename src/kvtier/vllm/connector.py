@@ -289,7 +289,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests.pop(req_id, None)
         self._planned_async.pop(req_id, None)
         delay = self.manager.request_finished(
-            req_id, request.all_token_ids, request.num_computed_tokens, block_ids
+            req_id, request.all_token_ids, request.num_computed_tokens, ids
         )
         return delay, None
 
