@@ -128,7 +128,8 @@ def build(arch: str, directory: str | Path, seed: int = 0) -> Path:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = tf.AutoModelForCausalLM.from_config(cfgs[arch], torch_dtype=torch.float32)
+    auto: Any = tf.AutoModelForCausalLM
+    model = auto.from_config(cfgs[arch], dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     src = Path(smollm2_path())
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -40,13 +40,14 @@ class BlockIdCodec:
         self.num_groups = num_groups
         self.num_blocks = num_blocks
 
-    def encode(self, per_group: Sequence[Sequence[int]]) -> list[int]:
+    def encode(self, per_group: Sequence[Sequence[int]]) -> Sequence[int]:
         """One id per position; positions beyond the shortest group's list are dropped
-        (a position is usable only where every group has a block)."""
+        (a position is usable only where every group has a block). With one group, that
+        group's list itself (no copy: this runs per scheduled request per step)."""
         if len(per_group) != self.num_groups:
             raise ValueError(f"BlockIdCodec: {len(per_group)} block lists for {self.num_groups}")
         if self.num_groups == 1:
-            return list(per_group[0])
+            return per_group[0]
         n = min(len(ids) for ids in per_group)
         out = [0] * n
         scale = 1
