@@ -41,6 +41,9 @@ from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
 from kvtier.transfer.regions import KVRegions
 
+AnyRegions = KVRegions | GroupedRegions
+"""One block table (dense models) or one per KV-cache group."""
+
 __all__ = ["JobResult", "TransferEngine"]
 
 log = logging.getLogger(__name__)
@@ -128,12 +131,7 @@ class TransferEngine:
     queue threads.
     """
 
-    def __init__(
-        self,
-        regions: KVRegions | GroupedRegions,
-        stores: Mapping[str, SlotStore],
-        blocks_per_chunk: int,
-    ):
+    def __init__(self, regions: AnyRegions, stores: Mapping[str, SlotStore], blocks_per_chunk: int):
         self.regions = regions
         self.stores = dict(stores)
         self.blocks_per_chunk = blocks_per_chunk
@@ -368,13 +366,7 @@ class TransferEngine:
                     store.store_rows(self.regions.rows, slab_row, blocks)
             return [True] * len(job.keys)
         if how == "partial":
-            cut, views = plan
-            n = len(job.keys)
-            if cut == 0:
-                return [False] * n
-            parents = job.parents[:cut] if job.parents else None
-            wrote = store.write(job.slots[:cut], job.keys[:cut], views, parents)
-            return [*wrote, *([False] * (n - cut))]
+            return _write_leading(store, job, *plan)
         if job.kind == "load":
             return list(store.read(job.slots, job.keys, plan))
         return list(store.write(job.slots, job.keys, plan, job.parents or None))
@@ -422,3 +414,13 @@ class TransferEngine:
             best = min(best, time.perf_counter() - t0)
         self.load_bandwidth = count * run / max(best, 1e-9)
         return self.load_bandwidth
+
+
+def _write_leading(store: Any, job: TransferJob, cut: int, views: list[Any]) -> list[bool]:
+    """Store only the job's first ``cut`` chunks (the rest fail: their blocks are gone)."""
+    n = len(job.keys)
+    if cut == 0:
+        return [False] * n
+    parents = job.parents[:cut] if job.parents else None
+    wrote = store.write(job.slots[:cut], job.keys[:cut], views, parents)
+    return [*wrote, *([False] * (n - cut))]
