@@ -46,6 +46,11 @@ def test_layouts_from_vllm_specs():
     # MLA: a single latent per token, no V plane.
     g = read_groups(_config((mla, 2)))
     assert g.layout.bytes_per_token == 2 * mla.page_size_bytes // 32 == 2 * 96 * 2
+    # On vLLM's CPU platform MLA cannot prefill over cached KV: refused there.
+    from kvtier.vllm.groups import UnsupportedLayout
+
+    with pytest.raises(UnsupportedLayout, match=r"^kvtier: MLA on vLLM's CPU backend"):
+        read_groups(_config((mla, 2)), cpu=True)
     # Gemma-3-like HMA groups: sliding groups free blocks; the budget bound uses the window.
     g = read_groups(_config((full, 1), (swa, 1), (swa, 1)))
     assert (g.num_groups, g.frees_blocks) == (3, True)

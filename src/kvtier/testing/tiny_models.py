@@ -73,9 +73,9 @@ def configs() -> dict[str, Any]:
         "deepseek_v2_mla": tf.DeepseekV2Config(
             **{k: v for k, v in c.items() if k != "head_dim"},
             num_hidden_layers=2,
-            kv_lora_rank=64,
+            kv_lora_rank=512,  # + rope 64: vLLM's MLA takes latents of 320, 512 or 576
             q_lora_rank=None,
-            qk_rope_head_dim=32,
+            qk_rope_head_dim=64,
             qk_nope_head_dim=32,
             v_head_dim=32,
             n_routed_experts=4,

@@ -72,6 +72,12 @@ def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
     return read_groups(kv_cache_config).layout
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 def _tp_rank() -> int:
     try:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -88,7 +94,7 @@ class _Setup:
         assert vllm_config.kv_transfer_config is not None
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.config = KVTierConfig.from_dict(extra)
-        self.groups = read_groups(kv_cache_config)
+        self.groups = read_groups(kv_cache_config, cpu=_on_cpu())
         self.layout = self.groups.layout
         self.codec = BlockIdCodec(self.groups.num_groups, kv_cache_config.num_blocks)
         """Per-group block ids <-> the one id per position the manager and jobs carry."""

@@ -101,9 +101,19 @@ def _attention_group(spec: Any, layers: int) -> KVGroup:
     raise _refuse(f"KV-cache layout {name}")
 
 
-def read_groups(kv_cache_config: Any) -> GroupKinds:
-    """kvtier's view of ``kv_cache_config`` or UnsupportedLayout (see the module docstring)."""
-    from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec, UniformTypeKVCacheSpecs
+def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
+    """kvtier's view of ``kv_cache_config`` or UnsupportedLayout (see the module docstring).
+
+    ``cpu``: the engine runs on vLLM's CPU platform, where MLA cannot prefill over cached
+    context (vLLM turns its own prefix caching off for MLA there): a hit would give wrong
+    tokens, so MLA is refused.
+    """
+    from vllm.v1.kv_cache_interface import (
+        AttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        UniformTypeKVCacheSpecs,
+    )
 
     groups: list[KVGroup] = []
     frees = False
@@ -128,6 +138,12 @@ def read_groups(kv_cache_config: Any) -> GroupKinds:
         for s in per_layer:
             if not isinstance(s, AttentionSpec):
                 raise _refuse(f"KV-cache layout {_name(s)} (group {i})")
+        if cpu and any(isinstance(s, MLAAttentionSpec) for s in per_layer):
+            raise _refuse(
+                "MLA on vLLM's CPU backend",
+                "vLLM's CPU MLA cannot prefill over cached KV (vLLM disables its own prefix "
+                f"caching for it), so a hit would give wrong tokens; {_OFF}",
+            )
         for s in _distinct(per_layer):
             kv = _attention_group(s, sum(1 for x in per_layer if x == s))
             frees = frees or kv.kind is AttentionKind.SLIDING
