@@ -17,8 +17,6 @@ from kvtier.stack.spec import TierSpec
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
-# Pages other branches add; linked already. Remove this exception once they are merged.
-PENDING_PAGES = {"models.md"}
 
 
 def generator():
@@ -87,8 +85,7 @@ def test_relative_links_point_to_existing_files(page):
             continue  # a URL
         resolved = (page.parent / path).resolve() if path else page
         if not resolved.exists():
-            if resolved.name not in PENDING_PAGES:
-                broken.append(target)
+            broken.append(target)
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(target)
     assert not broken, f"{page.name}: links to missing files or anchors {broken}"

@@ -25,6 +25,8 @@ _DTYPE_BYTES = {
     "fp8": 1,
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
     "int8": 1,
     "int16": 2,
     "uint8": 1,
@@ -67,6 +69,12 @@ class KVGroup:
     """Sliding-window length in tokens (SLIDING only)."""
     state_bytes: int = 0
     """Bytes of recurrent state per layer per request (MAMBA only)."""
+    value_dim: int | None = None
+    """Elements per head of the second plane (V); None: same as ``head_dim`` (K and V).
+    0 for a single latent per token (MLA)."""
+    block_tokens: int = 0
+    """Tokens per engine block (SLIDING only; 0: unknown). With it a sliding group's load
+    is bounded by the blocks a window can touch, not by the whole hit."""
 
     def __post_init__(self) -> None:
         if self.num_layers <= 0:
@@ -85,16 +93,21 @@ class KVGroup:
         """K and V bytes of one token across the group's layers (0 for MAMBA)."""
         if self.kind is AttentionKind.MAMBA:
             return 0
-        return self.num_layers * self.num_kv_heads * self.head_dim * 2 * dtype_bytes(self.dtype)
+        dims = self.head_dim + (self.head_dim if self.value_dim is None else self.value_dim)
+        return self.num_layers * self.num_kv_heads * dims * dtype_bytes(self.dtype)
 
     def load_bytes(self, tokens: int) -> int:
         """Upper bound of the bytes a hit of ``tokens`` tokens loads for this group.
 
-        Exact for FULL; for SLIDING we count every token although only the window is
-        needed, so the bound is never below the truth; MAMBA loads its fixed state.
+        Exact for FULL. SLIDING with ``block_tokens`` known: the engine keeps only the
+        blocks that overlap the last ``window`` tokens (a block is dropped only once all
+        of it is out of the window), so at most ``window + block_tokens`` tokens; without
+        it every token counts. Never below the truth. MAMBA loads its fixed state.
         """
         if self.kind is AttentionKind.MAMBA:
             return self.num_layers * self.state_bytes if tokens > 0 else 0
+        if self.kind is AttentionKind.SLIDING and self.block_tokens > 0:
+            tokens = min(tokens, self.window + self.block_tokens)
         return tokens * self.bytes_per_token
 
 
@@ -137,6 +150,8 @@ class KVLayout:
         text = ";".join(
             f"{g.kind.value}:{g.num_layers}:{g.num_kv_heads}:{g.head_dim}:"
             f"{str(g.dtype).removeprefix('torch.')}:{g.window}:{g.state_bytes}"
+            # Only where it differs from K = V, so dense digests stay what they were.
+            + ("" if g.value_dim in (None, g.head_dim) else f":v{g.value_dim}")
             for g in self.groups
         )
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

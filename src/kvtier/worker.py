@@ -68,6 +68,12 @@ class WorkerSide:
         if ids:
             self.engine.wait(ids)
 
+    def flush_stores(self) -> None:
+        """Wait for every store in flight: the engine is about to free or reuse blocks a
+        running request still holds (sliding-window groups drop blocks that left the
+        window at the next step's allocation, without telling the connector)."""
+        self.flush([i for i, j in self._inflight.items() if j.kind == "store"])
+
     def start_loads(self) -> None:
         """Flush, then sync loads (waited for), then async loads (queued)."""
         t0 = time.perf_counter()

@@ -37,8 +37,12 @@ from kvtier import timeline
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.tiers.base import SlotStore
 from kvtier.transfer.copy import copy_segments
+from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
 from kvtier.transfer.regions import KVRegions
+
+AnyRegions = KVRegions | GroupedRegions
+"""One block table (dense models) or one per KV-cache group."""
 
 __all__ = ["JobResult", "TransferEngine"]
 
@@ -127,7 +131,7 @@ class TransferEngine:
     queue threads.
     """
 
-    def __init__(self, regions: KVRegions, stores: Mapping[str, SlotStore], blocks_per_chunk: int):
+    def __init__(self, regions: AnyRegions, stores: Mapping[str, SlotStore], blocks_per_chunk: int):
         self.regions = regions
         self.stores = dict(stores)
         self.blocks_per_chunk = blocks_per_chunk
@@ -250,7 +254,8 @@ class TransferEngine:
                 return "staged", None
             return "copy", [segments(s) for s in job.slots]
         supports_rows = getattr(store, "supports_rows", None)
-        if supports_rows is not None and supports_rows(self.regions.rows):
+        grouped = getattr(self.regions, "grouped", False)  # rows would be per group
+        if supports_rows is not None and not grouped and supports_rows(self.regions.rows):
             runs: list[tuple[int, Any]] = []
             pos = 0
             i = 0
@@ -273,9 +278,14 @@ class TransferEngine:
             if pos != len(job.block_ids):
                 raise ValueError(f"job {job.job_id}: block ids do not match its chunks")
             return "rows", runs
-        return "segments", [
-            self.regions.segments(ids, first, bpc) for first, ids in job.chunk_blocks(bpc)
-        ]
+        chunks = job.chunk_blocks(bpc)
+        views = [self.regions.segments(ids, first, bpc) for first, ids in chunks]
+        if job.kind == "store" and isinstance(self.regions, GroupedRegions):
+            # A chunk with a freed (null) block cannot be stored; nor can any after it.
+            cut = self.regions.storable_chunks(chunks)
+            if cut < len(chunks):
+                return "partial", (cut, views[:cut])
+        return "segments", views
 
     def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult:
         stream, ready = ctx
@@ -355,6 +365,8 @@ class TransferEngine:
                 else:
                     store.store_rows(self.regions.rows, slab_row, blocks)
             return [True] * len(job.keys)
+        if how == "partial":
+            return _write_leading(store, job, *plan)
         if job.kind == "load":
             return list(store.read(job.slots, job.keys, plan))
         return list(store.write(job.slots, job.keys, plan, job.parents or None))
@@ -402,3 +414,13 @@ class TransferEngine:
             best = min(best, time.perf_counter() - t0)
         self.load_bandwidth = count * run / max(best, 1e-9)
         return self.load_bandwidth
+
+
+def _write_leading(store: Any, job: TransferJob, cut: int, views: list[Any]) -> list[bool]:
+    """Store only the job's first ``cut`` chunks (the rest fail: their blocks are gone)."""
+    n = len(job.keys)
+    if cut == 0:
+        return [False] * n
+    parents = job.parents[:cut] if job.parents else None
+    wrote = store.write(job.slots[:cut], job.keys[:cut], views, parents)
+    return [*wrote, *([False] * (n - cut))]

@@ -33,24 +33,27 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
-from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
-from kvtier.layout import AttentionKind, KVGroup, KVLayout
+from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
 from kvtier.purge import selector_args
 from kvtier.stack.registry import TierContext, build_stack, build_stores
+from kvtier.stack.stack import TierStack
 from kvtier.tiers.disk.kind import rank_dir
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer.engine import TransferEngine
+from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
 from kvtier.vllm.events import ConnectorEvents, events_enabled
+from kvtier.vllm.groups import UnsupportedLayout, read_groups
 from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
@@ -71,25 +74,15 @@ log = logging.getLogger("kvtier")
 
 
 def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
-    """kvtier's KVLayout of a vLLM KV-cache config (attention groups only)."""
-    groups = []
-    for g in kv_cache_config.kv_cache_groups:
-        spec: Any = g.kv_cache_spec
-        if not hasattr(spec, "num_kv_heads"):
-            raise ConfigError(f"KVTierConnector: unsupported KV cache spec {type(spec).__name__}")
-        window = getattr(spec, "sliding_window", None)
-        kind = AttentionKind.SLIDING if window else AttentionKind.FULL
-        groups.append(
-            KVGroup(
-                kind,
-                len(g.layer_names),
-                spec.num_kv_heads,
-                spec.head_size,
-                str(spec.dtype),
-                window=window or 0,
-            )
-        )
-    return KVLayout(tuple(groups))
+    """kvtier's KVLayout of a vLLM KV-cache config (UnsupportedLayout where kvtier
+    cannot serve it; see :mod:`kvtier.vllm.groups`)."""
+    return read_groups(kv_cache_config).layout
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def _tp_rank() -> int:
@@ -108,13 +101,11 @@ class _Setup:
         assert vllm_config.kv_transfer_config is not None
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.config = KVTierConfig.from_dict(extra)
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ConfigError(
-                "KVTierConnector supports models with one KV-cache group; this model has "
-                f"{len(kv_cache_config.kv_cache_groups)} (run with "
-                "--disable-hybrid-kv-cache-manager)"
-            )
-        self.layout = kv_layout(kv_cache_config)
+        self.groups = read_groups(kv_cache_config, cpu=_on_cpu())
+        self.layout = self.groups.layout
+        self.codec = BlockIdCodec(self.groups.num_groups, kv_cache_config.num_blocks)
+        """Per-group block ids <-> the one id per position the manager and jobs carry."""
+        self.grouped = self.groups.num_groups > 1 or self.groups.frees_blocks
         self.block_tokens = vllm_config.cache_config.block_size
         self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens)
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
@@ -154,14 +145,55 @@ class _Setup:
         return None
 
 
-class KVTierConnector(KVConnectorBase_V1):
-    """Tiered KV offloading for vLLM (see the module docstring)."""
+def _log_start(s: _Setup, stack: TierStack) -> None:
+    log.info(
+        "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
+        s.namespace.chain_digest().hex(),
+        selector_args(s.namespace),
+    )
+    log.info(
+        "kvtier: tiers %s, chunks of %d tokens (%d bytes), sync budget %s",
+        ", ".join(f"{t.name} ({len(t.index)} chunks held)" for t in stack.tiers),
+        s.chunk_tokens,
+        s.chunk_bytes,
+        s.config.sync_budget,
+    )
+
+
+def _regions(
+    s: _Setup, kvc: KVCacheConfig, kv_caches: dict[str, torch.Tensor], dims: dict[str, int] | None
+) -> KVRegions | GroupedRegions:
+    """The engine's KV memory as copy regions: one set per KV-cache group with HMA on."""
+    if not s.grouped:
+        return KVRegions.from_tensors(kv_caches, kvc.num_blocks, dims)
+    # One region set per group: layers of different groups alias the same memory (a block
+    # id belongs to one group at a time), so they must not be merged.
+    per_group = [
+        KVRegions.from_tensors(
+            {n: kv_caches[n] for n in g.layer_names if n in kv_caches}, kvc.num_blocks, dims
+        )
+        for g in kvc.kv_cache_groups
+    ]
+    return GroupedRegions(per_group, s.codec)
+
+
+class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+    """Tiered KV offloading for vLLM (see the module docstring).
+
+    ``SupportsHMA``: vLLM keeps its hybrid KV-cache manager on, and kvtier serves every
+    KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`) or refuses
+    the layout at start (:mod:`kvtier.vllm.groups`).
+    """
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self.setup = _Setup(vllm_config, kv_cache_config)
+        try:
+            self.setup = _Setup(vllm_config, kv_cache_config)
+        except UnsupportedLayout as e:
+            log.error("%s", e)  # the one line an operator sees above vLLM's traceback
+            raise
         self.manager: CacheManager | None = None
         self.worker: WorkerSide | None = None
         self.events: ConnectorEvents | None = None
@@ -197,18 +229,7 @@ class KVTierConnector(KVConnectorBase_V1):
                 # A tier miss or failed copy must mean "recompute", never a failed request.
                 log.info("kvtier: setting kv_load_failure_policy='recompute'")
                 kvt.kv_load_failure_policy = "recompute"
-            log.info(
-                "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
-                s.namespace.chain_digest().hex(),
-                selector_args(s.namespace),
-            )
-            log.info(
-                "kvtier: tiers %s, chunks of %d tokens (%d bytes), sync budget %s",
-                ", ".join(f"{t.name} ({len(t.index)} chunks held)" for t in stack.tiers),
-                s.chunk_tokens,
-                s.chunk_bytes,
-                s.config.sync_budget,
-            )
+            _log_start(s, stack)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -243,7 +264,7 @@ class KVTierConnector(KVConnectorBase_V1):
         self._requests[req_id] = request
         is_async = self._planned_async.pop(req_id, False)
         if num_external_tokens > 0:
-            (block_ids,) = blocks.get_block_ids()
+            block_ids = self.setup.codec.encode(blocks.get_block_ids())
             self.manager.on_allocated(req_id, block_ids, num_external_tokens, sync=not is_async)
 
     def get_external_cache_hit_sources(
@@ -261,7 +282,7 @@ class KVTierConnector(KVConnectorBase_V1):
             request = self._requests.get(req_id)
             if request is None:
                 continue
-            (block_ids,) = self._kv_cache_manager.get_block_ids(req_id)
+            block_ids = self.setup.codec.encode(self._kv_cache_manager.get_block_ids(req_id))
             scheduled.append(
                 ScheduledRequest(
                     req_id,
@@ -307,11 +328,17 @@ class KVTierConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
         assert self.manager is not None
+        ids = self.setup.codec.encode(block_ids)
         req_id = request.request_id
         self._planned_async.pop(req_id, None)
         delay = self.manager.request_finished(
-            req_id, request.all_token_ids, request.num_computed_tokens, block_ids
+            req_id, request.all_token_ids, request.num_computed_tokens, ids
         )
         self._requests.pop(req_id, None)  # after its last stores are planned (tier events)
         if self.events is not None:
@@ -362,7 +389,7 @@ class KVTierConnector(KVConnectorBase_V1):
         s = self.setup
         kvc = self._kv_cache_config
         dims = require_dims(declared_block_dims(self._vllm_config, kvc, kv_caches))
-        regions = KVRegions.from_tensors(kv_caches, kvc.num_blocks, dims)
+        regions = _regions(s, kvc, kv_caches, dims)
         slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
         if slot_bytes != s.chunk_bytes:
             log.warning(
@@ -393,6 +420,10 @@ class KVTierConnector(KVConnectorBase_V1):
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self.worker is not None and isinstance(kv_connector_metadata, KVTierMetadata):
             self.worker.flush(kv_connector_metadata.plan.flush)
+            if self.setup.groups.frees_blocks:
+                # Blocks that left a sliding window were freed when this step was
+                # scheduled and may be zeroed or rewritten from here on.
+                self.worker.flush_stores()
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -426,7 +457,10 @@ class KVTierConnector(KVConnectorBase_V1):
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.worker.load_errors() if self.worker is not None else set()
+        if self.worker is None:
+            return set()
+        failed = self.worker.load_errors()
+        return self.setup.codec.real_blocks(list(failed)) if self.setup.grouped else failed
 
     def build_connector_worker_meta(self) -> KVTierWorkerMetadata | None:
         if self.worker is None:

@@ -80,8 +80,9 @@ def declared_block_dims(
     matches the tensor; the caller falls back to the checked size guess)."""
     specs: dict[str, Any] = {}
     for group in kv_cache_config.kv_cache_groups:
+        per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)  # uniform-type group
         for name in group.layer_names:
-            specs[name] = group.kv_cache_spec
+            specs[name] = per_layer[name] if per_layer else group.kv_cache_spec
     backends = _backends(vllm_config, list(kv_caches))
     out: dict[str, int | None] = {}
     for name, t in kv_caches.items():

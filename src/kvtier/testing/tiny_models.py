@@ -1,0 +1,150 @@
+"""Tiny random-weight checkpoints of each attention layout, for engine tests.
+
+``build(arch, directory)`` writes a Hugging Face checkpoint (config, safetensors weights,
+SmolLM2's tokenizer files) of a 2-4 layer model of hidden size 64 and a 512-token
+vocabulary, built from the transformers config class of that architecture with the
+class's own random initialisation, scaled up (:data:`INIT_STD`) so that outputs depend on
+the whole prompt. vLLM then loads it like any model.
+
+Why not ``load_format="dummy"``: vLLM's dummy weights are tiny uniform values, with which
+the output depends on the last token only, so a test would pass with wrong KV. A test
+must still check that sensitivity itself (the baseline's outputs differ between prompts
+that end alike): see ``tests/test_models.py``.
+
+``python -m kvtier.testing.tiny_models ARCH DIR`` writes one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+VOCAB = 512
+HIDDEN = 64
+WINDOW = 64
+"""Sliding window of the sliding-window layouts (two 32-token engine blocks)."""
+INIT_STD = 0.25
+"""Std of the weights' normal init (transformers' default 0.02 gives near-uniform
+attention and outputs that hardly depend on the prompt)."""
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": HIDDEN,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 2048,
+    "initializer_range": INIT_STD,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+def configs() -> dict[str, Any]:
+    """Architecture name -> a transformers config (built lazily: imports transformers)."""
+    import transformers as tf
+
+    c = _COMMON
+    return {
+        "llama": tf.LlamaConfig(**c, num_hidden_layers=2),
+        "qwen3": tf.Qwen3Config(**c, num_hidden_layers=2),
+        "mqa": tf.LlamaConfig(**{**c, "num_key_value_heads": 1}, num_hidden_layers=2),
+        "mistral_swa": tf.MistralConfig(**c, num_hidden_layers=2, sliding_window=WINDOW),
+        "gemma3": tf.Gemma3TextConfig(
+            **c,
+            num_hidden_layers=4,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            query_pre_attn_scalar=32,
+        ),
+        "gpt_oss": tf.GptOssConfig(
+            **{**c, "intermediate_size": 64},
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        "deepseek_v2_mla": tf.DeepseekV2Config(
+            **{k: v for k, v in c.items() if k != "head_dim"},
+            num_hidden_layers=2,
+            kv_lora_rank=512,  # + rope 64: vLLM's MLA takes latents of 320, 512 or 576
+            q_lora_rank=None,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=64,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+        "granite_hybrid": tf.GraniteMoeHybridConfig(
+            **{k: v for k, v in c.items() if k != "head_dim"},
+            num_hidden_layers=2,
+            layer_types=["mamba", "attention"],
+            mamba_d_state=16,
+            mamba_n_heads=4,
+            mamba_d_head=32,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            num_local_experts=0,
+            shared_intermediate_size=128,
+        ),
+    }
+
+
+ARCHS = (
+    "llama",
+    "qwen3",
+    "mqa",
+    "mistral_swa",
+    "gemma3",
+    "gpt_oss",
+    "deepseek_v2_mla",
+    "granite_hybrid",
+)
+"""Every architecture :func:`configs` builds."""
+
+
+def build(arch: str, directory: str | Path, seed: int = 0) -> Path:
+    """Write the checkpoint of ``arch`` into ``directory`` (created); returns it."""
+    import torch
+    import transformers as tf
+
+    from kvtier.models import smollm2_path
+
+    cfgs = configs()
+    if arch not in cfgs:
+        raise ValueError(f"tiny_models: unknown arch {arch!r}; known: {', '.join(cfgs)}")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    auto: Any = tf.AutoModelForCausalLM
+    model = auto.from_config(cfgs[arch], dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    src = Path(smollm2_path())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, out / name)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kvtier.testing.tiny_models ARCH DIR", file=sys.stderr)
+        return 2
+    print(build(args[0], args[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Which of vLLM's KV-cache layouts kvtier serves, read from the KV-cache spec vLLM gives.
+
+vLLM describes a model's KV cache as *groups* of layers that share a block table, each
+with a spec (``vllm.v1.kv_cache_interface``). kvtier serves:
+
+- ``FullAttentionSpec`` (dense MHA/GQA/MQA, and sliding-window layers vLLM allocates at
+  full length when its hybrid KV-cache manager, HMA, is off), including
+  ``MLAAttentionSpec`` (one latent per token: no separate V);
+- ``SlidingWindowSpec`` groups (the engine frees blocks that left the window;
+  kvtier stores a chunk only while all its blocks are held, and loads only the blocks the
+  engine allocated, i.e. those the window of the hit still needs);
+- several such groups at once (gpt-oss, Gemma 3 with HMA on).
+
+Everything else is refused at engine start with one ``kvtier:`` line naming the layout
+and what to do (:class:`UnsupportedLayout`): recurrent state (Mamba, linear attention:
+restoring it needs the state at exactly the hit boundary, which kvtier does not store),
+chunked-local, cross/encoder-only attention, per-token quantised KV, packed states.
+A refusal is preferred over serving a layout kvtier has not been checked against: an
+unchecked layout risks wrong tokens, a refusal costs only the offload.
+
+Geometry comes from the spec (heads, head sizes, dtype, window), never from tensor shapes;
+the worker checks the engine's actual block bytes against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.layout import AttentionKind, KVGroup, KVLayout
+
+_OFF = "remove kvtier (--kv-transfer-config) to serve this model without offload"
+
+
+class UnsupportedLayout(ConfigError):
+    """A KV-cache layout kvtier does not serve; the message is the operator's one line."""
+
+
+@dataclass(frozen=True)
+class GroupKinds:
+    """kvtier's reading of a KV-cache config."""
+
+    layout: KVLayout
+    """Geometry of every layer (several KVGroups per vLLM group where its specs differ)."""
+    num_groups: int
+    """vLLM's KV-cache groups (1: a block id addresses every layer)."""
+    frees_blocks: bool
+    """Some group frees blocks while its request runs (sliding window with HMA on): the
+    worker must finish a step's stores before the engine may reuse those blocks."""
+
+
+def _name(spec: Any) -> str:
+    return type(spec).__name__
+
+
+def _refuse(what: str, advice: str = _OFF) -> UnsupportedLayout:
+    return UnsupportedLayout(f"kvtier: {what} is not supported; {advice}")
+
+
+def _attention_group(spec: Any, layers: int) -> KVGroup:
+    """One attention spec as a KVGroup, or UnsupportedLayout."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVQuantMode,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    name = _name(spec)
+    mode = getattr(spec, "kv_quant_mode", KVQuantMode.NONE)
+    if mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR):
+        raise _refuse(f"quantised KV cache ({KVQuantMode(mode).name}, {name})")
+    if getattr(spec, "tokens_per_state", 1) != 1 or getattr(spec, "state_content_bytes", None):
+        raise _refuse(f"packed KV states ({name})")
+    value_dim = getattr(spec, "head_size_v", spec.head_size)
+    common = {
+        "num_kv_heads": spec.num_heads,
+        "head_dim": spec.head_size,
+        "dtype": str(spec.dtype),
+        "value_dim": None if value_dim == spec.head_size else value_dim,
+    }
+    # Exact types: subclasses (RSWA, sink, hidden-state, sliding MLA...) change what a
+    # block holds or when it is freed, and kvtier has not been checked against them.
+    if type(spec) in (FullAttentionSpec, MLAAttentionSpec):
+        if getattr(spec, "non_causal", False):
+            raise _refuse(f"non-causal attention ({name})")
+        # A sliding/chunked window on a full spec: HMA is off and vLLM keeps every
+        # token's KV, so the blocks are full-attention blocks as far as kvtier goes.
+        return KVGroup(AttentionKind.FULL, layers, **common)
+    if type(spec) is SlidingWindowSpec:
+        if getattr(spec, "extra_retained_tokens", 0):
+            raise _refuse(f"sliding window with retained extra tokens ({name}, spec decoding)")
+        return KVGroup(
+            AttentionKind.SLIDING,
+            layers,
+            window=spec.sliding_window,
+            block_tokens=spec.block_size,
+            **common,
+        )
+    raise _refuse(f"KV-cache layout {name}")
+
+
+def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
+    """kvtier's view of ``kv_cache_config`` or UnsupportedLayout (see the module docstring).
+
+    ``cpu``: the engine runs on vLLM's CPU platform, where MLA cannot prefill over cached
+    context (vLLM turns its own prefix caching off for MLA there): a hit would give wrong
+    tokens, so MLA is refused.
+    """
+    from vllm.v1.kv_cache_interface import (
+        AttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        UniformTypeKVCacheSpecs,
+    )
+
+    groups: list[KVGroup] = []
+    frees = False
+    cfg_groups = list(kv_cache_config.kv_cache_groups)
+    if not cfg_groups:
+        raise _refuse("a model without KV cache (attention-free)")
+    for i, g in enumerate(cfg_groups):
+        spec = g.kv_cache_spec
+        if not getattr(g, "enable_kv_transfer", True):
+            raise _refuse(f"KV-cache group {i} that vLLM marks not transferable")
+        if isinstance(spec, MambaSpec):
+            raise _refuse(
+                f"hybrid recurrent-state model (group {i}: {_name(spec)}, Mamba/linear "
+                "attention layers)",
+                "kvtier does not store recurrent state, which a hit would need at exactly "
+                f"its boundary; {_OFF}",
+            )
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            per_layer = list(spec.kv_cache_specs.values())
+        else:
+            per_layer = [spec] * len(g.layer_names)
+        for s in per_layer:
+            if not isinstance(s, AttentionSpec):
+                raise _refuse(f"KV-cache layout {_name(s)} (group {i})")
+        if cpu and any(isinstance(s, MLAAttentionSpec) for s in per_layer):
+            raise _refuse(
+                "MLA on vLLM's CPU backend",
+                "vLLM's CPU MLA cannot prefill over cached KV (vLLM disables its own prefix "
+                f"caching for it), so a hit would give wrong tokens; {_OFF}",
+            )
+        for s in _distinct(per_layer):
+            kv = _attention_group(s, sum(1 for x in per_layer if x == s))
+            frees = frees or kv.kind is AttentionKind.SLIDING
+            groups.append(kv)
+    return GroupKinds(KVLayout(tuple(groups)), len(cfg_groups), frees)
+
+
+def _distinct(specs: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for s in specs:
+        if s not in out:
+            out.append(s)
+    return out

@@ -1,0 +1,79 @@
+"""Several engine runs in one process, one after another (the model-coverage tests).
+
+``python -m kvtier.vllm.model_matrix SPEC.json OUT.json`` with SPEC ``{"runs": [runner
+spec, ...]}`` (see :mod:`kvtier.vllm.runner`) executes each run's program on a fresh
+in-process engine and tears it down (engine core, KV connector agent, distributed state)
+before the next, so one interpreter start and one torch/vLLM import serve many small
+engines. OUT is ``{"runs": [result, ...]}``: the runner's result, or ``{"error": message,
+"error_type": name, "seconds": s}`` for an engine that refused to start (a refusal is a
+result to check, not a crash). Put runs expected to fail last: a failed start may leave
+state behind that a later engine trips over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from typing import Any
+
+from kvtier.vllm import runner
+
+
+def _teardown(llm: Any) -> None:
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    if llm is not None:
+        with contextlib.suppress(Exception):  # a half-built engine: nothing more to stop
+            llm.llm_engine.engine_core.shutdown()
+    ensure_kv_transfer_shutdown()
+    cleanup_dist_env_and_memory()
+    gc.collect()
+
+
+def run_one(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run (as ``runner.run``), the engine torn down afterwards whatever happened."""
+    t0 = time.perf_counter()
+    llm = None
+    try:
+        llm = runner.build_llm(spec)
+    except Exception as e:  # the engine refused to start: report what it said
+        _teardown(None)
+        return {
+            "error": str(e),
+            "error_type": type(e).__name__,
+            "seconds": time.perf_counter() - t0,
+        }
+    try:
+        out: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0, "ops": []}
+        history: dict[str, list[int]] = {}
+        for op in spec["program"]:
+            if op["op"] == "serve":
+                out["ops"].append(runner.serve(llm, op, history))
+            elif op["op"] == "reset_prefix_cache":
+                runner.drain(llm)
+                llm.reset_prefix_cache(reset_connector=bool(op.get("connector")))
+            else:
+                raise ValueError(f"model_matrix: unsupported op {op['op']!r}")
+        conn = runner._connector(llm)
+        if spec.get("inspect") and conn is not None:
+            out["kvtier"] = runner.inspect(llm)
+            out["kvtier"]["kv_groups"] = conn.setup.groups.num_groups
+            out["kvtier"]["layout"] = [g.kind.value for g in conn.setup.layout.groups]
+        out["seconds"] = time.perf_counter() - t0
+        return out
+    finally:
+        _teardown(llm)
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"runs": [run_one(s) for s in spec["runs"]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return runner.spec_main("kvtier.vllm.model_matrix", run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""KV-cache groups: layouts read from vLLM's own spec classes, refusals, per-group copies.
+
+No engine: the specs are vLLM's real classes, the tensors real CPU tensors; the oracle for
+a chunk's payload is each group's block read directly from its tensor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtier.jobs import TransferJob
+from kvtier.layout import AttentionKind
+from kvtier.tiers import CpuSlab
+from kvtier.transfer import KVRegions, TransferEngine
+from kvtier.transfer.groups import NULL_BLOCK, BlockIdCodec, GroupedRegions
+
+
+def _config(*specs_and_layers):
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    groups = [
+        KVCacheGroupSpec([f"g{i}.l{j}" for j in range(n)], spec)
+        for i, (spec, n) in enumerate(specs_and_layers)
+    ]
+    return KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def test_layouts_from_vllm_specs():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+
+    from kvtier.vllm.groups import read_groups
+
+    f32 = torch.float32
+    full = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=f32)
+    swa = SlidingWindowSpec(
+        block_size=32, num_kv_heads=2, head_size=32, dtype=f32, sliding_window=64
+    )
+    mla = MLAAttentionSpec(block_size=32, num_kv_heads=1, head_size=96, dtype=torch.bfloat16)
+    # Dense: one full group; bytes per token as vLLM's page size says.
+    g = read_groups(_config((full, 3)))
+    assert (g.num_groups, g.frees_blocks) == (1, False)
+    assert g.layout.bytes_per_token == 3 * full.page_size_bytes // 32
+    # MLA: a single latent per token, no V plane.
+    g = read_groups(_config((mla, 2)))
+    assert g.layout.bytes_per_token == 2 * mla.page_size_bytes // 32 == 2 * 96 * 2
+    # On vLLM's CPU platform MLA cannot prefill over cached KV: refused there.
+    from kvtier.vllm.groups import UnsupportedLayout
+
+    with pytest.raises(UnsupportedLayout, match=r"^kvtier: MLA on vLLM's CPU backend"):
+        read_groups(_config((mla, 2)), cpu=True)
+    # Gemma-3-like HMA groups: sliding groups free blocks; the budget bound uses the window.
+    g = read_groups(_config((full, 1), (swa, 1), (swa, 1)))
+    assert (g.num_groups, g.frees_blocks) == (3, True)
+    kinds = [x.kind for x in g.layout.groups]
+    assert kinds == [AttentionKind.FULL, AttentionKind.SLIDING, AttentionKind.SLIDING]
+    per = full.page_size_bytes // 32
+    assert g.layout.load_bytes(1000) == 1000 * per + 2 * (64 + 32) * per
+    assert g.layout.load_bytes(50) == 3 * 50 * per
+    # HMA off: vLLM promotes sliding layers to full specs that keep every token.
+    promoted = FullAttentionSpec(
+        block_size=32, num_kv_heads=2, head_size=32, dtype=f32, sliding_window=64
+    )
+    g = read_groups(_config((promoted, 2)))
+    assert g.layout.groups[0].kind is AttentionKind.FULL and not g.frees_blocks
+
+
+def test_refusals_name_the_layout_and_start_with_kvtier():
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        KVQuantMode,
+        MambaSpec,
+    )
+
+    from kvtier.vllm.groups import UnsupportedLayout, read_groups
+
+    full = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    mamba = MambaSpec(block_size=32, shapes=((4, 8), (8, 16)), dtypes=(torch.float32,) * 2)
+    local = ChunkedLocalAttentionSpec(
+        block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32, attention_chunk_size=64
+    )
+    quant = FullAttentionSpec(
+        block_size=32,
+        num_kv_heads=2,
+        head_size=32,
+        dtype=torch.int8,
+        kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD,
+    )
+    cases = {
+        "recurrent-state": _config((full, 1), (mamba, 1)),
+        "ChunkedLocalAttentionSpec": _config((full, 1), (local, 1)),
+        "INT8_PER_TOKEN_HEAD": _config((quant, 2)),
+    }
+    for needle, cfg in cases.items():
+        with pytest.raises(UnsupportedLayout) as e:
+            read_groups(cfg)
+        msg = str(e.value)
+        assert msg.startswith("kvtier: ") and needle in msg and "\n" not in msg
+        assert "--kv-transfer-config" in msg
+
+
+@given(
+    groups=st.integers(1, 5),
+    blocks=st.integers(1, 5000),
+    data=st.data(),
+)
+def test_codec_round_trips(groups, blocks, data):
+    codec = BlockIdCodec(groups, blocks)
+    n = data.draw(st.integers(0, 8))
+    ids = [
+        data.draw(st.lists(st.integers(0, blocks - 1), min_size=n, max_size=n))
+        for _ in range(groups)
+    ]
+    enc = codec.encode(ids)
+    assert [codec.decode(v) for v in enc] == [tuple(g[j] for g in ids) for j in range(n)]
+    if groups == 1:
+        assert enc == ids[0]  # dense models: ids unchanged
+    assert codec.real_blocks(enc) == {b for g in ids for b in g if b != NULL_BLOCK}
+
+
+def _group_tensors(num_blocks, layers, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(num_blocks, 2, 4, 8, generator=g) for _ in range(layers)]
+
+
+def _block(kv, b):
+    return b"".join(bytes(t[b].contiguous().view(torch.uint8).reshape(-1).numpy()) for t in kv)
+
+
+def test_grouped_store_and_load_move_each_groups_blocks():
+    """Two groups (full, sliding) in a real CPU slab through the real TransferEngine: what a
+    load writes is each group's own block of the stored position; a sliding group's null
+    positions are neither read into a chunk (the chunk is refused) nor written by a load."""
+    nb, bpc = 16, 2
+    full, swa = _group_tensors(nb, 2, 0), _group_tensors(nb, 1, 1)
+    codec = BlockIdCodec(2, nb)
+    regions = GroupedRegions(
+        [KVRegions.from_tensors(full, nb, 0), KVRegions.from_tensors(swa, nb, 0)], codec
+    )
+    slab = CpuSlab(4, regions.row_bytes, bpc)
+    eng = TransferEngine(regions, {"cpu": slab}, bpc)
+    try:
+        src = list(codec.encode([[3, 4, 5, 6], [7, 8, 9, 10]]))
+        want = [(_block(full, f), _block(swa, s)) for f, s in ((3, 7), (4, 8), (5, 9), (6, 10))]
+        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"a", b"b"], [0, 1], src))
+        # A chunk whose sliding block was freed (null) cannot be stored, nor what follows.
+        freed = list(codec.encode([[3, 4, 5, 6], [NULL_BLOCK, 8, 9, 10]]))
+        eng.submit(TransferJob(2, "r", "store", "cpu", False, [b"c", b"d"], [2, 3], freed))
+        assert eng.wait([1, 2], timeout=10)
+        res = {r.job_id: r for r in eng.poll()}
+        assert res[1].ok == [True, True] and res[2].ok == [False, False]
+        # Load into new blocks; the sliding group's first position is out of the window.
+        null_before = _block(swa, NULL_BLOCK)
+        dst = list(codec.encode([[11, 12, 13, 14], [NULL_BLOCK, 1, 2, 15]]))
+        eng.submit(TransferJob(3, "r", "load", "cpu", True, [b"a", b"b"], [0, 1], dst))
+        assert eng.wait([3], timeout=10)
+        assert eng.poll()[0].all_ok
+        for (f, s), (wf, ws) in zip(((11, None), (12, 1), (13, 2), (14, 15)), want, strict=True):
+            assert _block(full, f) == wf
+            if s is not None:
+                assert _block(swa, s) == ws
+        assert _block(swa, NULL_BLOCK) == null_before
+    finally:
+        eng.close()
