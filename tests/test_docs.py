@@ -84,7 +84,9 @@ def test_relative_links_point_to_existing_files(page):
         if re.match(r"^[a-z]+:", path):
             continue  # a URL
         resolved = (page.parent / path).resolve() if path else page
-        if not resolved.exists() or (anchor and resolved.suffix == ".md" and anchor not in anchors(resolved)):
+        if not resolved.exists() or (
+            anchor and resolved.suffix == ".md" and anchor not in anchors(resolved)
+        ):
             broken.append(target)
     assert not broken, f"{page.name}: links to missing files or anchors {broken}"
 
