@@ -7,12 +7,14 @@ Imported as ``common`` by the benchmark scripts, which are run as files
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,21 @@ def machine_info(**extra: Any) -> dict[str, Any]:
         info["cpu_affinity"] = len(os.sched_getaffinity(0))
     info.update(extra)
     return info
+
+
+def time_calls(fn: Callable[[], Any], iters: int, warmup: int = 3) -> list[int]:
+    """Nanoseconds of each of ``iters`` calls of ``fn`` (after ``warmup`` untimed calls and
+    a garbage collection, so one run's garbage is not charged to the next)."""
+    for _ in range(warmup):
+        fn()
+    gc.collect()
+    clock = time.perf_counter_ns
+    out = []
+    for _ in range(iters):
+        t0 = clock()
+        fn()
+        out.append(clock() - t0)
+    return out
 
 
 def stats_ns(samples: Sequence[int]) -> dict[str, float]:

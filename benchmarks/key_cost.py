@@ -10,18 +10,16 @@ replaced by those of the group's first chunk.
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import xxhash
 
-from common import stats_ns
+from common import stats_ns, time_calls
 from kvtier import keyhash
 from kvtier.keys import GROUP_CHUNKS, TAG_BYTES, Key, Namespace
 
@@ -51,15 +49,7 @@ LEGACY_SEED = bytes(LEGACY_KEY_BYTES)
 
 
 def _time(fn: Any, iters: int) -> dict[str, float]:
-    fn()
-    gc.collect()
-    clock = time.perf_counter_ns
-    out = []
-    for _ in range(iters):
-        t0 = clock()
-        fn()
-        out.append(clock() - t0)
-    return stats_ns(out)
+    return stats_ns(time_calls(fn, iters, warmup=1))
 
 
 def _fallback_ms(hit_tokens: int, chunk_tokens: int, iters: int) -> float:

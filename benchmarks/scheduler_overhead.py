@@ -85,11 +85,11 @@ import gc
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common import fmt_time_us, format_table, machine_info, stats_ns, write_json
+from common import fmt_time_us, format_table, machine_info, stats_ns, time_calls, write_json
 from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.events import TierEvents
@@ -297,20 +297,6 @@ def undo(manager: CacheManager) -> int:
 
 
 # -- timing ----------------------------------------------------------------------------------
-
-
-def time_calls(fn: Callable[[], Any], iters: int, warmup: int = 3) -> list[int]:
-    """Nanoseconds of each of ``iters`` calls of ``fn`` (after ``warmup`` untimed calls)."""
-    for _ in range(warmup):
-        fn()
-    gc.collect()
-    clock = time.perf_counter_ns
-    out = []
-    for _ in range(iters):
-        t0 = clock()
-        fn()
-        out.append(clock() - t0)
-    return out
 
 
 def measure_sources(case: Case, iters: int) -> dict[str, Any]:
