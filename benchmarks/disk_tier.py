@@ -397,11 +397,11 @@ def vllm_disk_ttft(n_prompts: int, parent_dir: str | None) -> dict[str, Any]:
     process on the same directory (engine 2, empty CPU tier). Median over prompts."""
     import statistics
 
-    from kvtier.bench.binding import check_equal, default_threads
-    from kvtier.bench.engine import run_engine
-    from kvtier.bench.machine import preferred_dtype
-    from kvtier.bench.prompts import exact_document
-    from kvtier.models import smollm2_path
+    from kvtier.tools.bench.binding import check_equal, default_threads
+    from kvtier.tools.bench.engine import run_engine
+    from kvtier.tools.bench.machine import preferred_dtype
+    from kvtier.tools.bench.prompts import exact_document
+    from kvtier.tools.models import smollm2_path
 
     model = smollm2_path()
     prompts = [exact_document(model, 4200 + i, 4096) for i in range(n_prompts)]
@@ -429,7 +429,7 @@ def vllm_disk_ttft(n_prompts: int, parent_dir: str | None) -> dict[str, Any]:
 
     try:
         print("  vLLM: engine 1 computes and writes through to disk ...", flush=True)
-        # Both engines with the same explicit compute threads (kvtier.bench.binding).
+        # Both engines with the same explicit compute threads (kvtier.tools.bench.binding).
         threads = default_threads(multiprocess=False)
         first = run_engine(
             {

@@ -6,7 +6,7 @@ the repository (fixed seeds): ``longsys`` (multi-turn chat behind long system pr
 ``agentloop`` (tool-call loops, fan-out branches off one prefix, long idle gaps), ``rag``
 (shared documents in varying order), ``scan`` (one-off long documents mixed into a hot set
 of conversations), ``shift`` (the hot set is replaced half way), plus the chat generator's
-``chat`` and ``docs``. Each is replayed by ``kvtier.sim.run_sim`` at 1 %, 5 %, 20 % and 50 %
+``chat`` and ``docs``. Each is replayed by ``kvtier.tools.sim.run_sim`` at 1 %, 5 %, 20 % and 50 %
 of the trace's unique KV (one CPU tier). Per trace and capacity: ``lru``, ``default``
 (exactly what the connector builds), ``lru-oracle`` (LRU with offline admission, the bound
 for an admission rule next to LRU's order), ``belady``, ``infinite``, ``default - lru`` and
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from common import format_table, machine_info, write_json
-from kvtier.bench.workloads import DEFAULT_TRACE
-from kvtier.sim import run_sim
-from kvtier.sim.report import format_gap_table, gap_rows
-from kvtier.sim.workloads import write_named_trace
+from kvtier.tools.bench.workloads import DEFAULT_TRACE
+from kvtier.tools.sim import run_sim
+from kvtier.tools.sim.report import format_gap_table, gap_rows
+from kvtier.tools.sim.workloads import write_named_trace
 
 CAPACITIES = ("1%", "5%", "20%", "50%")
 GENERATED = (

@@ -48,7 +48,7 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   (the probe thread), median and worst of ``--probes``, for a chain present whole, one
   whose last quarter was never stored, and one missing a single chunk half-way (the
   slow path: counting EXISTS, then the Lua probe).
-- With ``--vllm`` (real engines; minutes): ``kvtier.bench.two_engines`` (the ``two-engines``
+- With ``--vllm`` (real engines; minutes): ``kvtier.tools.bench.two_engines`` (the ``two-engines``
   workload of ``kvtier bench``) with 6 conversations of 700-token documents and a 4k-token
   prompt: TTFT of the 4k-token prompt on a fresh engine B whose remote tier holds what engine
   A stored (A and B are separate processes), against an engine without kvtier recomputing it,
@@ -316,9 +316,9 @@ def two_engines(url: str) -> dict[str, Any]:
     """Engines A, B and the no-kvtier baseline on ``url`` (see the module docstring)."""
     from rich.console import Console
 
-    from kvtier.bench import two_engines as pair
-    from kvtier.bench.binding import check_equal, default_threads
-    from kvtier.models import smollm2_path
+    from kvtier.tools.bench import two_engines as pair
+    from kvtier.tools.bench.binding import check_equal, default_threads
+    from kvtier.tools.models import smollm2_path
 
     opts = pair.TwoEngineOptions(
         conversations=6, doc_tokens=700, max_tokens=16, long_tokens=4000, sync_budget="1GiB"
@@ -391,7 +391,7 @@ def main() -> None:
         keep_freed_memory()
     if a.quick:
         a.batch_bytes, a.repeats, a.probes = 32 << 20, 2, 10
-    from kvtier.testing.redis_server import RedisCluster, RedisServer
+    from kvtier.tools.redis_server import RedisCluster, RedisServer
 
     server: Any = None
     url = a.url

@@ -2,7 +2,7 @@
 after start.
 
 Part 1, start-up: a real vLLM engine (CPU backend, SmolLM2) is started in a fresh process
-(``kvtier.vllm.runner``) without kvtier, with a 1 GiB CPU tier and with a 12 GiB one, in
+(``kvtier.vllm.harness.runner``) without kvtier, with a 1 GiB CPU tier and with a 12 GiB one, in
 rotation, ``--repeats`` times each. Every process gets the same explicit CPU binding
 (``VLLM_CPU_OMP_THREADS_BIND`` = every CPU, ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: vLLM
 otherwise reserves a core for a KV connector and the runs would differ in compute) and the
@@ -88,7 +88,7 @@ def start_engine(cpu_bytes: int | None, log_path: Path) -> dict[str, float]:
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             proc = subprocess.run(
-                [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
+                [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -23,7 +23,7 @@ Miss path: 12 distinct 1k-token prompts, 32 output tokens each, 4 at a time; thr
 (prompt + output tokens per second) with the connector on (0% reuse: every chunk is stored,
 nothing is ever hit) and off, measured twice per engine, best of the two.
 
-Each engine configuration runs in its own process (``kvtier.vllm.runner``); the engines
+Each engine configuration runs in its own process (``kvtier.vllm.harness.runner``); the engines
 run one after another on the same machine, so ratios are taken within this run.
 Run: ``.venv/bin/python benchmarks/vllm_ttft.py [--quick] [--json PATH]``.
 """
@@ -38,12 +38,12 @@ import time
 from typing import Any
 
 from common import format_table, machine_info, write_json
-from kvtier.bench.binding import check_equal, default_threads, describe, same_binding
-from kvtier.bench.engine import run_engine
-from kvtier.bench.machine import preferred_dtype
-from kvtier.bench.prompts import exact_document
 from kvtier.errors import ConfigError
-from kvtier.models import smollm2_path
+from kvtier.tools.bench.binding import check_equal, default_threads, describe, same_binding
+from kvtier.tools.bench.engine import run_engine
+from kvtier.tools.bench.machine import preferred_dtype
+from kvtier.tools.bench.prompts import exact_document
+from kvtier.tools.models import smollm2_path
 
 MISS_PROMPTS, MISS_TOKENS, MISS_OUT, MISS_CONC = 12, 1024, 32, 4
 

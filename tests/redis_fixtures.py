@@ -8,7 +8,6 @@ import pytest
 import redis
 
 from kvtier.keys import Key
-from kvtier.testing.redis_server import RedisCluster, RedisServer, redis_available
 from kvtier.testing.shared_conformance import (
     CHUNK_BYTES,
     NAMESPACE,
@@ -18,6 +17,7 @@ from kvtier.testing.shared_conformance import (
     segs,
 )
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
+from kvtier.tools.redis_server import RedisCluster, RedisServer, redis_available
 
 if not redis_available():  # scripts/setup.sh installs it; without it these tests cannot run
     raise RuntimeError("redis-server is not installed: run scripts/setup.sh")

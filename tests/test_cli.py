@@ -9,14 +9,17 @@ import sys
 import pytest
 import torch
 
-from kvtier.bench.workloads import DEFAULT_TRACE as TRACE
-from kvtier.cli import main
 from kvtier.keys import chunk_keys
+from kvtier.tools.bench.workloads import DEFAULT_TRACE as TRACE
+from kvtier.tools.cli import main
 
 
 def kvtier(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kvtier.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "kvtier.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -48,8 +51,8 @@ def test_user_mistakes_are_one_clear_line(args, needle, capsys):
 
 
 def test_comparison_of_unequal_bindings_is_refused():
-    from kvtier.bench.binding import check_equal, same_binding
     from kvtier.errors import ConfigError
+    from kvtier.tools.bench.binding import check_equal, same_binding
 
     one = {"omp_threads": 1, "cpus": [0]}
     two = {"omp_threads": 2, "cpus": [0, 1]}
@@ -126,7 +129,7 @@ def test_bench_end_to_end(tmp_path):
 
 
 def test_shared_prefix_counts_each_chunk_a_computed_once():
-    from kvtier.bench.two_engines import shared_prefix_tokens
+    from kvtier.tools.bench.two_engines import shared_prefix_tokens
 
     # Chunks of 4. Conversation 0: A computed 1..8 (its last output token, 9, has no KV),
     # B's prompt extends it: two chunks. Conversation 1 starts with conversation 0's first
@@ -153,7 +156,7 @@ def test_bench_two_engines_on_a_users_store(tmp_path):
     no-kvtier baseline; on a store kvtier did not start only this run's keys go."""
     import redis
 
-    from kvtier.testing.redis_server import RedisServer
+    from kvtier.tools.redis_server import RedisServer
 
     out = tmp_path / "bench"
     with RedisServer() as server:
@@ -192,7 +195,7 @@ def test_bench_two_engines_on_a_users_store(tmp_path):
 
 
 def test_sim_cli_matches_brute_force_lru(tmp_path):
-    from kvtier.sim import load_trace
+    from kvtier.tools.sim import load_trace
     from test_sim import as_requests, brute_force_lru
 
     out = tmp_path / "sim.json"

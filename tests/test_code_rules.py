@@ -56,3 +56,53 @@ def test_only_the_transfer_package_touches_cuda():
         if p.relative_to(SRC).parts[0] != "transfer" and "torch.cuda" in p.read_text()
     ]
     assert not outside, outside
+
+
+# Tooling sits on top of the runtime; the runtime is what a vLLM engine imports.
+TOOLING = ("kvtier.tools", "kvtier.vllm.harness", "kvtier.testing", "kvtier.conformance")
+# Tooling not yet under kvtier.tools: the model tests' checkpoint builder and its engine runs.
+TOOLING_MODULES = ("kvtier.vllm.model_matrix",)
+
+
+def module_name(path: Path) -> str:
+    parts = ("kvtier", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_tooling(name: str) -> bool:
+    return name in TOOLING_MODULES or any(name == t or name.startswith(t + ".") for t in TOOLING)
+
+
+def kvtier_imports(path: Path, known: set[str]) -> set[str]:
+    """The kvtier modules ``path`` imports, at any depth of the file (function-level
+    imports count: they run too), ``from pkg import mod`` resolved to the module."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "kvtier")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] != "kvtier":
+                continue
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in known else node.module)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in modules()}
+    known = set(paths)
+    return {name: kvtier_imports(p, known) & known for name, p in paths.items()}
+
+
+def test_the_runtime_imports_no_tooling():
+    graph = import_graph()
+    wrong = sorted(
+        f"{a} imports {b}"
+        for a, deps in graph.items()
+        if not is_tooling(a)
+        for b in deps
+        if is_tooling(b)
+    )
+    assert not wrong, wrong
+    assert not any(n == "tests" or n.startswith("tests.") for p in modules() for n in imported(p))

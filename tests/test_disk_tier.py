@@ -41,11 +41,11 @@ from kvtier.tiers.disk.format import (
     read_superblock,
     slab_file_name,
 )
-from kvtier.tiers.disk.inspect import format_inspect, inspect_dir
 from kvtier.tiers.disk.native import native_io
 from kvtier.tiers.disk.restore import restorable, restore_index
 from kvtier.tiers.disk.slab import DiskSlab, DiskTier
 from kvtier.tiers.index import SlotIndex
+from kvtier.tools.inspect import format_inspect, inspect_dir
 
 NS = Namespace("test-model", "layout-x", "tp1").digest()
 OTHER_NS = Namespace("other-model", "layout-x", "tp1").digest()

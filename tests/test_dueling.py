@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.bench.workloads import DEFAULT_TRACE
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.keys import chunk_keys
 from kvtier.policies.dueling import BUDGET, SHADOW_SLOTS, DuelingPolicy
 from kvtier.policies.eviction import LRUPolicy
 from kvtier.policies.shadow import ShadowCache
-from kvtier.sim.bounds import lru_pass, replay_lru_oracle
-from kvtier.sim.simulator import next_uses, replay_belady, replay_index
-from kvtier.sim.trace import SIM_SEED, Trace, load_trace
+from kvtier.tools.bench.workloads import DEFAULT_TRACE
+from kvtier.tools.sim.bounds import lru_pass, replay_lru_oracle
+from kvtier.tools.sim.simulator import next_uses, replay_belady, replay_index
+from kvtier.tools.sim.trace import SIM_SEED, Trace, load_trace
 from mini_engine import MiniEngine
 
 

@@ -1,4 +1,4 @@
-"""The conversation-like trace generator (kvtier.sim.generate) and ``kvtier sim`` on it."""
+"""The conversation-like trace generator (kvtier.tools.sim.generate) and ``kvtier sim`` on it."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.cli import main
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.policies.defaults import tier_eviction_name
-from kvtier.sim import load_trace, run_sim
-from kvtier.sim.generate import SHAPES, generate, parse_shape, write_trace
-from kvtier.sim.trace import parse_request
+from kvtier.tools.cli import main
+from kvtier.tools.sim import load_trace, run_sim
+from kvtier.tools.sim.generate import SHAPES, generate, parse_shape, write_trace
+from kvtier.tools.sim.trace import parse_request
 
 SMALL = "chat:sessions=40,doc_rate=0.05"
 
@@ -108,7 +108,7 @@ def test_cli_generate(tmp_path, capsys):
     assert main(["sim", "--capacity", "5%", "--trace", str(trace), "--policies", "nope"]) == 2
 
 
-# -- the workload shapes of kvtier.sim.workloads ---------------------------------------------
+# -- the workload shapes of kvtier.tools.sim.workloads ---------------------------------------------
 
 SMALL_WORKLOADS = {
     "agentloop": "agentloop:sessions=12,steps=6",
@@ -125,7 +125,7 @@ def _ids(reqs) -> list[set[int]]:
 
 @pytest.mark.parametrize("name", sorted(SMALL_WORKLOADS))
 def test_workloads_are_valid_deterministic_and_have_their_shape(tmp_path, name):
-    from kvtier.sim.workloads import generate_named, write_named_trace
+    from kvtier.tools.sim.workloads import generate_named, write_named_trace
 
     text = SMALL_WORKLOADS[name]
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -161,7 +161,7 @@ def test_workloads_are_valid_deterministic_and_have_their_shape(tmp_path, name):
 
 
 def test_workload_overrides_are_checked():
-    from kvtier.sim.workloads import generate_named
+    from kvtier.tools.sim.workloads import generate_named
 
     with pytest.raises(ConfigError, match="docz"):
         generate_named("rag:docz=3")

@@ -14,10 +14,10 @@ from kvtier.policies import make_eviction_policy
 from kvtier.policies.adaptive import AdaptivePolicy
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import ARCPolicy
-from kvtier.sim import load_trace
-from kvtier.sim.generate import parse_shape, write_trace
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.index import store_at_once as _store
+from kvtier.tools.sim import load_trace
+from kvtier.tools.sim.generate import parse_shape, write_trace
 from mini_engine import MiniEngine
 
 

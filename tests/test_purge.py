@@ -13,14 +13,14 @@ import pytest
 import redis
 import torch
 
-from kvtier.cli import main
 from kvtier.keys import Namespace, chunk_keys
-from kvtier.purge import selector_args, target_of
 from kvtier.tiers.disk.format import LOCK_NAME, SUPER_NAME
 from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.keyspace import PREFIX
-from kvtier.tiers.remote.purge import purge_remote
+from kvtier.tools.cli import main
+from kvtier.tools.purge import target_of
+from kvtier.tools.purge.remote import purge_remote
 from redis_fixtures import flush, server  # noqa: F401  (fixture)
 
 SLOT = 8192
@@ -120,7 +120,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture
 def small_scans(monkeypatch):
-    from kvtier.tiers.remote import purge
+    from kvtier.tools.purge import remote as purge
 
     monkeypatch.setattr(purge, "SCAN_COUNT", 5)  # several SCAN batches per purge
 
@@ -209,8 +209,8 @@ def test_a_directory_in_use_is_refused_and_bad_selections_are_one_line(tmp_path,
 
 @pytest.mark.parametrize("ns", [A, Namespace("m@rev 1", "l", "tp1pp1", ""), B])
 def test_the_logged_selector_names_the_namespace(ns):
-    """What the engine logs at start (``selector_args``) selects exactly its namespace."""
-    args = shlex.split(selector_args(ns))
+    """What the engine logs at start (``Namespace.purge_selector``) selects its namespace."""
+    args = shlex.split(ns.purge_selector())
     opts = dict(zip(args[::2], args[1::2], strict=True))
     target = target_of(
         False,

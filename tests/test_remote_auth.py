@@ -19,7 +19,6 @@ from kvtier.errors import ConfigError
 from kvtier.jobs import WorkerReport
 from kvtier.keys import GROUP_CHUNKS, KEY_BYTES, TAG_BYTES, Namespace
 from kvtier.metrics import Metrics, PrometheusExporter
-from kvtier.testing.redis_server import RedisServer
 from kvtier.testing.shared_conformance import (
     CHUNK_BYTES,
     NAMESPACE,
@@ -35,6 +34,7 @@ from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore
 from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, ValueAuth, subkey
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.remote.keyspace import PREFIX, is_chunk_name, purge_pattern
+from kvtier.tools.redis_server import RedisServer
 from mini_engine import MiniEngine
 from redis_fixtures import cluster, flush, raw_client, server  # noqa: F401  (fixtures)
 from test_remote_engine import CHUNK, assert_clean, drive, remote_tokens, workload

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kvtier.config import KVTierConfig
 from kvtier.keys import Namespace
 from kvtier.sources import HitSource
-from kvtier.testing.redis_server import RedisCluster, RedisServer
+from kvtier.tools.redis_server import RedisCluster, RedisServer
 from mini_engine import MiniEngine
 from redis_fixtures import flush, raw_client, server  # noqa: F401  (fixtures)
 

@@ -17,7 +17,6 @@ from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import GROUP_CHUNKS, rank_key
 from kvtier.stack.spec import TierSpec
-from kvtier.testing.redis_server import RedisCluster, RedisServer
 from kvtier.testing.shared_conformance import (
     CHUNK_BYTES,
     NAMESPACE,
@@ -37,6 +36,7 @@ from kvtier.tiers.remote import client as client_module
 from kvtier.tiers.remote import store as store_module
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
+from kvtier.tools.redis_server import RedisCluster, RedisServer
 from redis_fixtures import cluster, flush, harness, raw_client, server  # noqa: F401  (fixtures)
 
 # -- the conformance suite on every shared tier ----------------------------------------------
@@ -618,7 +618,7 @@ def test_a_cluster_down_at_start_is_misses_not_a_failed_start():
     """No seed answers when the engine starts: building the tier succeeds, every call is
     a miss, and nothing raises past the tier (redis-py's cluster client raises its own
     exception class, not a RedisError, when it cannot learn the slot map)."""
-    from kvtier.testing.redis_server import free_port
+    from kvtier.tools.redis_server import free_port
 
     target = parse_remote_url(f"redis+cluster://127.0.0.1:{free_port()}")
     space = KeySpace(NAMESPACE)

@@ -16,8 +16,8 @@ import pytest
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
-from kvtier.testing.redis_server import RedisCluster, RedisServer
-from kvtier.testing.tls_certs import TLSCerts, make_certs, openssl_available
+from kvtier.tools.redis_server import RedisCluster, RedisServer
+from kvtier.tools.tls_certs import TLSCerts, make_certs, openssl_available
 from redis_fixtures import tier_roundtrip
 
 if not openssl_available():  # Debian's openssl package; scripts/setup.sh installs it

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from kvtier.errors import TierUnavailable
-from kvtier.soak.run import cpu_binding
 from kvtier.tiers.disk.format import LOCK_NAME, read_superblock
 from kvtier.tiers.disk.slab import DiskSlab
+from kvtier.tools.soak.run import cpu_binding
 
 pytestmark = pytest.mark.vllm
 
@@ -38,9 +38,9 @@ DISK_BYTES = 256 << 20
 
 
 def workload() -> list[dict[str, Any]]:
-    from kvtier.bench.prompts import chat_turn, document_text
-    from kvtier.bench.text import question
-    from kvtier.models import smollm2_path
+    from kvtier.tools.bench.prompts import chat_turn, document_text
+    from kvtier.tools.bench.text import question
+    from kvtier.tools.models import smollm2_path
 
     model = smollm2_path()
     docs = [document_text(model, 300 + d, 200) for d in range(6)]
@@ -66,7 +66,7 @@ def start(tmp: Path, name: str, s: dict[str, Any]) -> tuple[subprocess.Popen[byt
     env = dict(os.environ, **cpu_binding(), KVTIER_PROGRESS=str(prog))
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 (the child holds it)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
+        [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.stack.spec import TierSpec
-from kvtier.testing.redis_server import RedisCluster, RedisServer
 from kvtier.tiers.remote import keyspace, parse_remote_url
 from kvtier.tiers.remote.kind import client_for
+from kvtier.tools.redis_server import RedisCluster, RedisServer
 from redis_fixtures import tier_roundtrip
 
 SECRET = "Sw0rdf1sh-c0rrect-h0rse"

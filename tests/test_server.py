@@ -67,9 +67,9 @@ def chat(url: str, messages: list[dict[str, str]]) -> tuple[str, float]:
 
 def conversation(url: str) -> list[list[str]]:
     """Two turns per user, round-robin; returns each user's answers."""
-    from kvtier.bench.prompts import document_text
-    from kvtier.bench.text import SYSTEM, question
-    from kvtier.models import smollm2_path
+    from kvtier.tools.bench.prompts import document_text
+    from kvtier.tools.bench.text import SYSTEM, question
+    from kvtier.tools.models import smollm2_path
 
     model = smollm2_path()
     history: list[list[dict[str, str]]] = []
@@ -93,8 +93,8 @@ def conversation(url: str) -> list[list[str]]:
 
 
 def run_server(tmp_path: Path, connector: dict[str, Any] | None) -> dict[str, Any]:
-    from kvtier.bench.server import Server, ServerSpec, kvtier_hit_tokens, metrics
-    from kvtier.models import smollm2_path
+    from kvtier.tools.bench.server import Server, ServerSpec, kvtier_hit_tokens, metrics
+    from kvtier.tools.models import smollm2_path
 
     spec = ServerSpec(smollm2_path(), connector, threads=1, args=ARGS)
     name = "kvtier" if connector else "baseline"
@@ -120,7 +120,7 @@ def run_server(tmp_path: Path, connector: dict[str, Any] | None) -> dict[str, An
 
 def bench_over_http(url: str, out: Path) -> dict[str, Any]:
     """``kvtier bench --server URL`` on a tiny multi-turn workload."""
-    from kvtier.cli import main
+    from kvtier.tools.cli import main
 
     args = ["bench", "--server", url, "--workload", "multi-turn", "--requests", "4"]
     args += ["--max-tokens", "4", "--doc-tokens", "200", "--concurrency", "1", "--out", str(out)]

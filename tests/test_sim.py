@@ -1,4 +1,4 @@
-"""Tests of the trace-driven cache simulator (kvtier.sim).
+"""Tests of the trace-driven cache simulator (kvtier.tools.sim).
 
 The central test replays a sample of the Mooncake synthetic trace through kvtier's
 SlotIndex + LRUPolicy (via the simulator) and through a brute-force LRU written here from
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.workloads import DEFAULT_TRACE
 from kvtier.errors import ConfigError
 from kvtier.keys import KEY_BYTES
-from kvtier.sim import (
+from kvtier.tools.bench.workloads import DEFAULT_TRACE
+from kvtier.tools.sim import (
     format_sim,
     load_trace,
     next_uses,
@@ -42,7 +42,7 @@ from kvtier.sim import (
     run_sim,
     tier_capacities,
 )
-from kvtier.sim.trace import Trace
+from kvtier.tools.sim.trace import Trace
 
 TRACE = DEFAULT_TRACE
 SAMPLE = 800
@@ -328,7 +328,7 @@ def test_cli_sim_prints_the_policy_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The default policy list gives the issue's columns per capacity and the worst cell."""
-    from kvtier.cli import main
+    from kvtier.tools.cli import main
 
     out = tmp_path / "sim.json"
     args = ["sim", "--trace", str(TRACE), "--limit", "200", "--capacity", "2%,20%"]

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from kvtier.soak.run import SoakOptions, run_soak
+from kvtier.tools.soak.run import SoakOptions, run_soak
 
 pytestmark = [pytest.mark.vllm, pytest.mark.soak]
 

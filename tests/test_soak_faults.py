@@ -13,10 +13,10 @@ from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.jobs import TransferJob
 from kvtier.keys import Namespace, chunk_keys
-from kvtier.soak.disk_faults import DiskFaultInjector
-from kvtier.soak.run import small_filesystem
 from kvtier.tiers import CpuSlab, FaultPlan, FaultyStore
 from kvtier.tiers.disk.slab import DiskSlab
+from kvtier.tools.soak.disk_faults import DiskFaultInjector
+from kvtier.tools.soak.run import small_filesystem
 from kvtier.transfer import KVRegions, TransferEngine
 
 NS = Namespace("soak-model", "layout", "tp1").digest()

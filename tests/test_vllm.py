@@ -25,8 +25,8 @@ def prompts() -> tuple[list[list[int]], list[list[int]]]:
     """Chat prompts over deterministic documents, as token ids (exact lengths matter)."""
     from transformers import AutoTokenizer
 
-    from kvtier.bench.text import SYSTEM, document, question
-    from kvtier.models import smollm2_path
+    from kvtier.tools.bench.text import SYSTEM, document, question
+    from kvtier.tools.models import smollm2_path
 
     tok = AutoTokenizer.from_pretrained(smollm2_path())
 
@@ -96,7 +96,7 @@ def run(tmp_path: Path, connector: dict[str, Any] | None, **extra: Any) -> dict[
     out_path = spec_path.with_suffix(".out.json")
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
+        [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
         capture_output=True,
         text=True,
         timeout=900,

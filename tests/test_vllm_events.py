@@ -117,7 +117,7 @@ def run_engine(tmp: Path, name: str, endpoint: str, program: list[Any]) -> dict[
     out_path = tmp / f"out-{name}.json"
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
+        [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
         capture_output=True,
         text=True,
         timeout=900,

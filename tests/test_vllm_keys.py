@@ -28,7 +28,7 @@ def connector():
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    from kvtier.models import smollm2_path
+    from kvtier.tools.models import smollm2_path
     from kvtier.vllm.connector import KVTierConnector
 
     cfg = VllmConfig(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.testing.redis_server import RedisServer
+from kvtier.tools.redis_server import RedisServer
 from test_vllm import (  # the same engine, prompts, runner and baseline as test_vllm
     CHUNK,
     PROMPTS,

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import redis
 
-from kvtier.testing.redis_server import RedisServer
 from kvtier.tiers.remote import keyspace
+from kvtier.tools.redis_server import RedisServer
 from test_vllm import ENGINE, PROMPTS
 
 pytestmark = pytest.mark.vllm
@@ -42,7 +42,7 @@ def run_logged(tmp_path: Path, connector: dict[str, Any], env: dict[str, str]) -
     out_path = spec_path.with_suffix(".out.json")
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
+        [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

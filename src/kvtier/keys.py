@@ -46,6 +46,7 @@ over every node.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 from array import array
 from collections.abc import Sequence
@@ -121,6 +122,17 @@ class Namespace:
         """NS_BYTES identifying what every rank shares: the seed of every chain."""
         text = frame("kvtier-ns-v3", self.model, self.layout_digest, self.parallel, self.extra)
         return keyhash.keyed_hash(self.hash_key, text)[:NS_BYTES]
+
+    def purge_selector(self) -> str:
+        """The ``kvtier purge`` arguments that select this namespace (the engine logs them
+        at start so an operator can copy them)."""
+        model, _, revision = self.model.rpartition("@")
+        args = ["--model", model, "--layout", self.layout_digest, "--parallel", self.parallel]
+        if revision:
+            args += ["--revision", revision]
+        if self.extra:
+            args += ["--namespace", self.extra]
+        return " ".join(shlex.quote(a) for a in args)
 
     def digest(self) -> bytes:
         """NS_BYTES identifying this rank's shard of the namespace; stored in disk and

@@ -26,7 +26,7 @@ from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.defaults import admission_policy
 from kvtier.sources import HitSource, hit_sources
-from kvtier.stack.jobs import JobEntry, JobTable
+from kvtier.stack.job_table import JobEntry, JobTable
 from kvtier.stack.loads import LoadPlanner
 from kvtier.stack.movement import Movement
 from kvtier.stack.requests import Hit, RequestState

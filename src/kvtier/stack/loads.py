@@ -13,7 +13,7 @@ from kvtier.keys import Key
 from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.sources import HitRun, HitSource, hit_sources
-from kvtier.stack.jobs import JobTable
+from kvtier.stack.job_table import JobTable
 from kvtier.stack.requests import Hit, RequestState
 from kvtier.stack.stack import TierStack
 

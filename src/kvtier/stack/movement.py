@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from kvtier.jobs import TransferJob
 from kvtier.keys import Key
 from kvtier.metrics import Metrics
-from kvtier.stack.jobs import JobTable
+from kvtier.stack.job_table import JobTable
 from kvtier.stack.stack import TierStack
 
 

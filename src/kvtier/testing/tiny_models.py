@@ -120,7 +120,7 @@ def build(arch: str, directory: str | Path, seed: int = 0) -> Path:
     import torch
     import transformers as tf
 
-    from kvtier.models import smollm2_path
+    from kvtier.tools.models import smollm2_path
 
     cfgs = configs()
     if arch not in cfgs:

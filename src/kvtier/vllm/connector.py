@@ -44,7 +44,6 @@ from kvtier.keysecret import read_key_secret
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
-from kvtier.purge import selector_args
 from kvtier.stack.registry import TierContext, build_stack, build_stores
 from kvtier.stack.stack import TierStack
 from kvtier.tiers.disk.kind import rank_dir
@@ -149,7 +148,7 @@ def _log_start(s: _Setup, stack: TierStack) -> None:
     log.info(
         "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
         s.namespace.chain_digest().hex(),
-        selector_args(s.namespace),
+        s.namespace.purge_selector(),
     )
     log.info(
         "kvtier: tiers %s, chunks of %d tokens (%d bytes), sync budget %s",

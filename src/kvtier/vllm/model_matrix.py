@@ -1,7 +1,7 @@
 """Several engine runs in one process, one after another (the model-coverage tests).
 
 ``python -m kvtier.vllm.model_matrix SPEC.json OUT.json`` with SPEC ``{"runs": [runner
-spec, ...]}`` (see :mod:`kvtier.vllm.runner`) executes each run's program on a fresh
+spec, ...]}`` (see :mod:`kvtier.vllm.harness.runner`) executes each run's program on a fresh
 in-process engine and tears it down (engine core, KV connector agent, distributed state)
 before the next, so one interpreter start and one torch/vLLM import serve many small
 engines. OUT is ``{"runs": [result, ...]}``: the runner's result, or ``{"error": message,
@@ -17,7 +17,7 @@ import gc
 import time
 from typing import Any
 
-from kvtier.vllm import runner
+from kvtier.vllm.harness import runner
 
 
 def _teardown(llm: Any) -> None:

@@ -1,6 +1,6 @@
 """A vLLM worker extension that reports the CPU binding the model worker computes with.
 
-Engines started by :mod:`kvtier.vllm.runner` get ``worker_extension_cls`` set to
+Engines started by :mod:`kvtier.vllm.harness.runner` get ``worker_extension_cls`` set to
 :class:`BindingProbe` (with or without the connector), and the runner calls
 ``collective_rpc("kvtier_binding")`` after its program: the answer is measured in the
 worker process itself, after it ran the model, not the setting that was asked for.

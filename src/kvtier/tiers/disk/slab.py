@@ -29,7 +29,7 @@ another open file holds it, so a second engine (or a second slab in the same pro
 directory is refused instead of both overwriting each other's slots. Sharing a directory
 safely would need a cross-process slot allocator; separate directories are simpler and as
 fast. The kernel drops the lock when its owner dies (SIGKILL included), so no stale lock
-survives a crash. Header readers (:meth:`DiskSlab.scan`, :mod:`kvtier.tiers.disk.inspect`)
+survives a crash. Header readers (:meth:`DiskSlab.scan`, :mod:`kvtier.tools.inspect`)
 take no lock: a scheduler process rebuilds its index with ``scan`` while its worker owns the
 slab.
 

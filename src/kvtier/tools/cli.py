@@ -25,7 +25,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from kvtier.bench.run import BenchOptions, run_bench
+    from kvtier.tools.bench.run import BenchOptions, run_bench
 
     # Flags are named after BenchOptions fields; only the two lists need splitting.
     names = {f.name for f in dataclasses.fields(BenchOptions)}
@@ -36,10 +36,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from kvtier.bench.workloads import DEFAULT_TRACE
-    from kvtier.sim import format_sim, run_sim
-    from kvtier.sim.report import format_gap_table, gap_rows
-    from kvtier.sim.workloads import write_named_trace
+    from kvtier.tools.bench.workloads import DEFAULT_TRACE
+    from kvtier.tools.sim import format_sim, run_sim
+    from kvtier.tools.sim.report import format_gap_table, gap_rows
+    from kvtier.tools.sim.workloads import write_named_trace
 
     trace = args.trace or DEFAULT_TRACE
     if args.generate:
@@ -70,7 +70,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from kvtier.tiers.disk.inspect import format_inspect, inspect_dir
+    from kvtier.tools.inspect import format_inspect, inspect_dir
 
     info = inspect_dir(args.path)
     if info.get("error") == "not a directory":
@@ -80,7 +80,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _purge(args: argparse.Namespace) -> int:
-    from kvtier.purge import progress_printer, target_of
+    from kvtier.tools.purge import progress_printer, target_of
 
     if not (args.remote or args.disk):
         raise ConfigError("purge: give --remote URL and/or --disk PATH")
@@ -103,7 +103,7 @@ def _purge(args: argparse.Namespace) -> int:
     print(f"purge: {target.describe()}{' (dry run: nothing is removed)' if args.dry_run else ''}")
     if args.remote:
         from kvtier.tiers.remote.auth import load_secret
-        from kvtier.tiers.remote.purge import purge_remote
+        from kvtier.tools.purge.remote import purge_remote
 
         secret = load_secret(args.secret_env, args.secret_file, False, "purge")
         with _remote(args.remote) as (client, display):
@@ -120,7 +120,7 @@ def _purge(args: argparse.Namespace) -> int:
         extra = f" ({got.foreign} other keys under the prefix left alone)" if got.foreign else ""
         print(f"{display}: {verb} {got.chunks} chunks{extra}")
     if args.disk:
-        from kvtier.tiers.disk.purge import purge_disk
+        from kvtier.tools.purge.disk import purge_disk
 
         done = purge_disk(args.disk, target, dry_run=args.dry_run)
         print(f"{args.disk}: {verb} {done.chunks} chunks in {done.dirs} tier directories")
@@ -129,7 +129,7 @@ def _purge(args: argparse.Namespace) -> int:
 
 def _purge_list(args: argparse.Namespace) -> int:
     if args.remote:
-        from kvtier.tiers.remote.purge import namespaces_present
+        from kvtier.tools.purge.remote import namespaces_present
 
         with _remote(args.remote) as (client, display):
             counts = _redis_call(display, lambda: namespaces_present(client))
@@ -137,8 +137,8 @@ def _purge_list(args: argparse.Namespace) -> int:
         for ns, n in counts.items():
             print(f"  --digest {ns}  {n} chunks")
     if args.disk:
-        from kvtier.tiers.disk.inspect import inspect_dir
-        from kvtier.tiers.disk.purge import tier_dirs
+        from kvtier.tools.inspect import inspect_dir
+        from kvtier.tools.purge.disk import tier_dirs
 
         for d in tier_dirs(Path(args.disk)):
             info = inspect_dir(d)
@@ -175,7 +175,7 @@ def _redis_call(display: str, call: Callable[[], _T]) -> _T:
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from kvtier.soak.run import SoakOptions, run_soak
+    from kvtier.tools.soak.run import SoakOptions, run_soak
 
     opts = SoakOptions(
         requests=args.requests,
@@ -283,7 +283,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SHAPE",
         help="generate a trace instead: chat, longsys, agent, docs, skewed (chat generator), "
-        "agentloop, rag, scan, shift (kvtier.sim.workloads), optionally with overrides "
+        "agentloop, rag, scan, shift (kvtier.tools.sim.workloads), optionally with overrides "
         "(chat:sessions=200,think_s=30); needs --save-trace",
     )
     s.add_argument("--seed", type=int, default=0, help="seed of --generate")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from kvtier.bench.text import SYSTEM, document, question
+from kvtier.tools.bench.text import SYSTEM, document, question
 
 
 @lru_cache(maxsize=4)

@@ -1,4 +1,4 @@
-"""Run kvtier.vllm.runner programs in subprocesses, one engine configuration each."""
+"""Run kvtier.vllm.harness.runner programs in subprocesses, one engine configuration each."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def run_engine(
         log = open(log_path, "w") if log_path else None  # noqa: SIM115 (closed below)
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "kvtier.vllm.runner", str(spec_path), str(out_path)],
+                [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
                 stdout=log or (subprocess.PIPE if quiet else None),
                 stderr=subprocess.STDOUT if (log or quiet) else None,
                 text=True,
@@ -76,9 +76,9 @@ def run_module(
 
 
 def run_with_progress(spec: dict[str, Any], bar: Any, log_path: Path) -> dict[str, Any]:
-    """One :mod:`kvtier.vllm.runner` engine (see :func:`run_module`); raises EngineRunError
+    """One :mod:`kvtier.vllm.harness.runner` engine (see :func:`run_module`); raises EngineRunError
     with the log's tail if it fails. The ``warmup`` op, if any, is left out of the ops."""
-    status, result = run_module("kvtier.vllm.runner", spec, log_path, bar)
+    status, result = run_module("kvtier.vllm.harness.runner", spec, log_path, bar)
     if status or result is None:
         tail = log_path.read_text()[-2500:]
         raise EngineRunError(f"the engine failed (see {log_path}):\n{tail}")

@@ -1,6 +1,6 @@
 """Real faults on the soak's remote tier: its ``redis-server`` killed, restarted empty, hung.
 
-The server is a private one on loopback (:class:`~kvtier.testing.redis_server.RedisServer`,
+The server is a private one on loopback (:class:`~kvtier.tools.redis_server.RedisServer`,
 no persistence, ``maxmemory`` + ``allkeys-lru``, so it also evicts keys on its own), started
 by the soak driver; this thread acts on it at random times from a seed while the kvtier
 engine serves. Every fault must end as misses and recompute in the engine, never a wrong
@@ -18,7 +18,7 @@ import random
 import threading
 from collections import Counter
 
-from kvtier.testing.redis_server import RedisServer
+from kvtier.tools.redis_server import RedisServer
 
 KINDS = ("kill", "restart", "hang")
 

@@ -1,11 +1,11 @@
 """The engine side of ``kvtier soak``: a runner program plus faults, memory and leak checks.
 
-``python -m kvtier.vllm.soak_runner SPEC.json OUT.json`` runs a :mod:`kvtier.vllm.runner`
+``python -m kvtier.vllm.harness.soak SPEC.json OUT.json`` runs a :mod:`kvtier.vllm.harness.runner`
 spec whose program is a list of ``serve`` ops (rounds), with two additions under
 ``"soak"``:
 
 - ``"disk_faults"``: ``{"seed", "kinds", "interval", "enospc_seconds"}`` starts a
-  :class:`~kvtier.soak.disk_faults.DiskFaultInjector` on the disk tier's directory for the
+  :class:`~kvtier.tools.soak.disk_faults.DiskFaultInjector` on the disk tier's directory for the
   whole program (real corrupt / truncated slab files, a full filesystem);
 - ``"step_warmup": N`` first runs one prefill of every step size from 1 to N tokens
   (the engine keeps native state per new step size; see ``SoakOptions.step_warmup``);
@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvtier.vllm import runner
+from kvtier.vllm.harness import runner
 
 
 def rss_bytes() -> int:
@@ -130,7 +130,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     injector = None
     df = soak.get("disk_faults")
     if df and conn is not None:
-        from kvtier.soak.disk_faults import DiskFaultInjector
+        from kvtier.tools.soak.disk_faults import DiskFaultInjector
 
         disk_dir = conn.setup.disk_dir(0)
         injector = DiskFaultInjector(
@@ -164,7 +164,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return runner.spec_main("kvtier.vllm.soak_runner", run, argv)
+    return runner.spec_main("kvtier.vllm.harness.soak", run, argv)
 
 
 if __name__ == "__main__":

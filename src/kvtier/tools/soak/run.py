@@ -1,20 +1,20 @@
 """``kvtier soak``: mixed traffic with random faults on a real engine, against an oracle.
 
-Two engine processes run the same rounds (:mod:`kvtier.soak.workload`) with the same
+Two engine processes run the same rounds (:mod:`kvtier.tools.soak.workload`) with the same
 engine settings and the same explicit CPU binding:
 
 1. the oracle: vLLM without kvtier (its own prefix cache only), greedy outputs expected;
 2. kvtier with a CPU tier and a write-through disk tier, both small so chunks move between
    tiers all the time, while faults are injected at random from a seed: failed and slow
    copies on the CPU tier's real row path and on the disk store (FaultyStore), and real
-   damage to the disk tier's files (:mod:`kvtier.soak.disk_faults`): corrupted payloads,
+   damage to the disk tier's files (:mod:`kvtier.tools.soak.disk_faults`): corrupted payloads,
    truncated slab files, and a full filesystem (``ENOSPC`` from the kernel, on a tmpfs
    mounted for the run when this process may mount one).
 
 With ``remote`` (the default) a third tier, a shared ``redis`` tier, sits last in the
 stack on a private ``redis-server`` on loopback (``maxmemory`` + ``allkeys-lru``, so it
 evicts keys on its own), and the server is killed, restarted empty and hung at random
-(:mod:`kvtier.soak.remote_faults`).
+(:mod:`kvtier.tools.soak.remote_faults`).
 The result: per-request comparison with the oracle, faults by kind, leaks after the final
 drain, resident memory growth after warm-up and hit tokens by source; a table on the
 terminal and JSON with a ``summary``.
@@ -34,13 +34,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench.engine import run_module
 from kvtier.errors import ConfigError
-from kvtier.soak.remote_faults import RemoteFaultInjector
-from kvtier.soak.workload import RoundShape, build_rounds
-from kvtier.testing.redis_server import RedisServer
+from kvtier.tools.bench.engine import run_module
+from kvtier.tools.redis_server import RedisServer
+from kvtier.tools.soak.remote_faults import RemoteFaultInjector
+from kvtier.tools.soak.workload import RoundShape, build_rounds
 
-SOAK_RUNNER = "kvtier.vllm.soak_runner"
+SOAK_RUNNER = "kvtier.vllm.harness.soak"
 """The engine process: ``python -m SOAK_RUNNER SPEC.json OUT.json``."""
 
 MiB = 1 << 20
@@ -299,8 +299,8 @@ def summarize(
 def run_soak(opts: SoakOptions) -> dict[str, Any]:
     """Run the soak; return the results (also written to JSON). Raises ConfigError when the
     oracle engine itself fails (nothing to compare against)."""
-    from kvtier.bench.machine import machine_info
-    from kvtier.models import smollm2_path
+    from kvtier.tools.bench.machine import machine_info
+    from kvtier.tools.models import smollm2_path
 
     if opts.oracle_only and not opts.oracle:
         raise ConfigError("soak: --oracle-only needs --oracle PATH to save the oracle to")

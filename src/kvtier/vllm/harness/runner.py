@@ -1,6 +1,6 @@
 """Run a request schedule on a real vLLM engine in this process and measure it.
 
-``python -m kvtier.vllm.runner SPEC.json OUT.json`` builds one ``LLM`` (with or without the
+``python -m kvtier.vllm.harness.runner SPEC.json OUT.json`` builds one ``LLM`` (with or without the
 kvtier connector) and executes the spec's program. The benchmark commands and the tests use
 it in a subprocess per engine configuration, because vLLM keeps process-global state (the
 KV connector agent) that cannot be rebuilt inside one process.
@@ -32,7 +32,7 @@ fields); OUT's ``events_last_seq`` is then the last batch published. With
 that file as they finish.
 
 ``threads``: the engine's compute threads, set explicitly whether or not a connector is
-configured (default :func:`kvtier.bench.binding.default_threads`), so that engines a
+configured (default :func:`kvtier.tools.bench.binding.default_threads`), so that engines a
 benchmark compares compute alike; OUT's ``binding`` is what the model worker measured.
 """
 
@@ -46,8 +46,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier import timeline
-from kvtier.bench.binding import binding_env, default_threads
-from kvtier.bench.workloads import next_ready
+from kvtier.tools.bench.binding import binding_env, default_threads
+from kvtier.tools.bench.workloads import next_ready
 
 _FINISHED = [0]
 """Requests finished by this process, across ops (the progress counter)."""
@@ -66,7 +66,7 @@ def build_llm(spec: dict[str, Any]) -> Any:
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    from kvtier.models import smollm2_path
+    from kvtier.tools.models import smollm2_path
 
     kw: dict[str, Any] = {
         "model": spec.get("model") or smollm2_path(),
@@ -327,7 +327,7 @@ def spec_main(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return spec_main("kvtier.vllm.runner", run, argv)
+    return spec_main("kvtier.vllm.harness.runner", run, argv)
 
 
 if __name__ == "__main__":

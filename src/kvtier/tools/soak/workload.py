@@ -1,6 +1,6 @@
 """The soak's mixed traffic: rounds of short requests of every kind, from a seed.
 
-A round (one ``serve`` op of :mod:`kvtier.vllm.runner`) mixes, in a seeded order:
+A round (one ``serve`` op of :mod:`kvtier.vllm.harness.runner`) mixes, in a seeded order:
 
 - ``mt``: multi-turn chats (a document, then follow-ups that extend the previous answer);
 - ``qa``: questions on documents drawn from a fixed pool, so documents recur across rounds;
@@ -20,9 +20,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.bench.prompts import chat_turn, document_text, exact_document, followup
-from kvtier.bench.text import question
-from kvtier.bench.workloads import WorkloadOptions, build
+from kvtier.tools.bench.prompts import chat_turn, document_text, exact_document, followup
+from kvtier.tools.bench.text import question
+from kvtier.tools.bench.workloads import WorkloadOptions, build
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ context manager) ends it, and :func:`atexit` stops whatever a crashed test left 
 no server outlives the process that started it. Needs ``redis-server`` and ``redis-cli``
 on the PATH (``scripts/setup.sh`` installs them).
 
-``tls`` (a :class:`~kvtier.testing.tls_certs.TLSCerts`) serves TLS only (``--port 0``,
+``tls`` (a :class:`~kvtier.tools.tls_certs.TLSCerts`) serves TLS only (``--port 0``,
 ``--tls-port``), requiring a client certificate from the same CA; ``acl`` lines
 (``user NAME on >PASSWORD ~pattern +command ...``) go into an ACL file beside the default
 user, which stays the tests' unrestricted administrator (or takes ``password``).
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvtier.testing.tls_certs import TLSCerts
+from kvtier.tools.tls_certs import TLSCerts
 
 _LIVE: set[RedisServer] = set()
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kvtier.bench.binding import binding_env
 from kvtier.errors import KVTierError
+from kvtier.tools.bench.binding import binding_env
 
 
 class ServerError(KVTierError):

@@ -13,7 +13,6 @@ selection removes that model's chunks of that tenant under every layout, and a t
 from __future__ import annotations
 
 import re
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,17 +82,6 @@ class PurgeTarget:
             return f"remote labels {self.labels}"
         assert self.digest is not None
         return f"digest {self.digest.hex()}"
-
-
-def selector_args(ns: Namespace) -> str:
-    """The ``kvtier purge`` arguments that select ``ns`` (what the engine logs at start)."""
-    model, _, revision = ns.model.rpartition("@")
-    args = ["--model", model, "--layout", ns.layout_digest, "--parallel", ns.parallel]
-    if revision:
-        args += ["--revision", revision]
-    if ns.extra:
-        args += ["--namespace", ns.extra]
-    return " ".join(shlex.quote(a) for a in args)
 
 
 def parse_digest(text: str) -> bytes:

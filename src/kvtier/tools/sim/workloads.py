@@ -1,6 +1,6 @@
 """Workload shapes the chat generator does not cover (``kvtier sim --generate NAME``).
 
-Each generator writes Mooncake JSONL with the block ids of :mod:`kvtier.sim.generate`
+Each generator writes Mooncake JSONL with the block ids of :mod:`kvtier.tools.sim.generate`
 (block j's id chains block j-1's, so equal ids mean equal prefixes), deterministic given the
 seed. Token counts are prompt tokens, times seconds. Shapes, and what each stresses:
 
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvtier.errors import ConfigError
-from kvtier.sim.generate import (
+from kvtier.tools.sim.generate import (
     SHAPES,
     GeneratedRequest,
     _BlockIds,
@@ -40,8 +40,8 @@ from kvtier.sim.generate import (
     iter_jsonl,
     parse_shape,
 )
-from kvtier.sim.generate import generate as generate_chat
-from kvtier.sim.trace import TRACE_BLOCK_TOKENS
+from kvtier.tools.sim.generate import generate as generate_chat
+from kvtier.tools.sim.trace import TRACE_BLOCK_TOKENS
 
 Params = dict[str, float]
 Generator = Callable[[random.Random, _BlockIds, Params], list[GeneratedRequest]]

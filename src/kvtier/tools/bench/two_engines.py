@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench import report
-from kvtier.bench.engine import run_with_progress
-from kvtier.bench.prompts import chat_turn, document_text, exact_document, followup, tokenizer
-from kvtier.bench.text import question
 from kvtier.errors import ConfigError
 from kvtier.keys import chunk_keys
+from kvtier.tools.bench import report
+from kvtier.tools.bench.engine import run_with_progress
+from kvtier.tools.bench.prompts import chat_turn, document_text, exact_document, followup, tokenizer
+from kvtier.tools.bench.text import question
 
 NAME = "two-engines"
 TTL_S = 3600
@@ -173,7 +173,7 @@ def _store(url: str | None) -> Iterator[tuple[str, bool]]:
     if url is not None:
         yield url, False
         return
-    from kvtier.testing.redis_server import RedisServer
+    from kvtier.tools.redis_server import RedisServer
 
     with RedisServer() as server:
         yield server.url, True

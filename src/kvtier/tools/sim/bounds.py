@@ -22,8 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from kvtier.keys import Key
-from kvtier.sim.simulator import ReplayCounts, Tick
-from kvtier.sim.trace import Trace
+from kvtier.tools.sim.simulator import ReplayCounts, Tick
+from kvtier.tools.sim.trace import Trace
 
 ORACLE_PASSES = 3
 """Passes of :func:`replay_lru_oracle` (its progress ticks count each)."""
@@ -81,7 +81,7 @@ def replay_lru_oracle(
     tick: Tick | None = None,
 ) -> ReplayCounts:
     """The best of ``passes`` LRU replays with offline admission (module docstring);
-    ``future`` comes from :func:`kvtier.sim.simulator.next_uses`."""
+    ``future`` comes from :func:`kvtier.tools.sim.simulator.next_uses`."""
     never = len(trace.keys)
 
     def reused(i: int, j: int) -> bool:

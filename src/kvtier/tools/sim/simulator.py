@@ -54,15 +54,15 @@ from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest
 from kvtier.policies import eviction_names
-from kvtier.sim.capacity import (
+from kvtier.stack.registry import TierContext, build_stack
+from kvtier.stack.spec import TierSpec
+from kvtier.tools.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     CapacityConfig,
     TierCapacity,
     tier_capacities,
 )
-from kvtier.sim.trace import TRACE_BLOCK_TOKENS, Trace, load_trace
-from kvtier.stack.registry import TierContext, build_stack
-from kvtier.stack.spec import TierSpec
+from kvtier.tools.sim.trace import TRACE_BLOCK_TOKENS, Trace, load_trace
 
 DEFAULT_POLICIES: tuple[str, ...] = (
     "default",
@@ -109,7 +109,7 @@ class PolicySpec:
 def parse_policy(name: str) -> PolicySpec:
     """``default`` (the connector's default policies), ``adaptive``, ``chain-arc``, ``lru``,
     ``arc``, ``lru-seen2`` (admission after 2 sightings), ``lru-oracle`` (LRU with offline
-    admission, :mod:`kvtier.sim.bounds`), ``belady``, ``infinite``."""
+    admission, :mod:`kvtier.tools.sim.bounds`), ``belady``, ``infinite``."""
     text = name.strip().lower()
     if text in ("belady", "infinite", "default"):
         return PolicySpec(text, text)
@@ -363,7 +363,7 @@ class _Runner:
         return self._belady[slots]
 
     def _oracle_one(self, slots: int) -> ReplayCounts:
-        from kvtier.sim.bounds import ORACLE_PASSES, replay_lru_oracle
+        from kvtier.tools.sim.bounds import ORACLE_PASSES, replay_lru_oracle
 
         if slots not in self._oracle:
             self._oracle[slots] = replay_lru_oracle(

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.errors import ConfigError, TierUnavailable
-from kvtier.purge import PurgeTarget
 from kvtier.tiers.disk.files import headers_at, lock_dir, slab_files_at, superblock_at
 from kvtier.tiers.disk.format import (
     HEADER_BYTES,
@@ -41,6 +40,7 @@ from kvtier.tiers.disk.format import (
     slab_file_name,
 )
 from kvtier.tiers.disk.private import open_file, open_private_dir, remove_file
+from kvtier.tools.purge import PurgeTarget
 
 _RANK_DIR = re.compile(r"tp\d+-rank\d+")
 

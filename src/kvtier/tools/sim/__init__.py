@@ -5,13 +5,13 @@ and admission policies, next to an offline Belady bound and an infinite cache, a
 token hit ratios per tier. No engine and no KV data are involved.
 """
 
-from kvtier.sim.capacity import (
+from kvtier.tools.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     TierCapacity,
     parse_capacity,
     tier_capacities,
 )
-from kvtier.sim.simulator import (
+from kvtier.tools.sim.simulator import (
     DEFAULT_POLICIES,
     DEFAULT_TIERS,
     PolicySpec,
@@ -24,7 +24,7 @@ from kvtier.sim.simulator import (
     replay_infinite,
     run_sim,
 )
-from kvtier.sim.trace import TRACE_BLOCK_TOKENS, SimRequest, Trace, load_trace, parse_request
+from kvtier.tools.sim.trace import TRACE_BLOCK_TOKENS, SimRequest, Trace, load_trace, parse_request
 
 __all__ = [
     "DEFAULT_POLICIES",

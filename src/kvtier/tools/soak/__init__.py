@@ -1,2 +1,2 @@
 """``kvtier soak``: long mixed traffic on a real engine with faults injected at random,
-checked against an oracle run without kvtier (see :mod:`kvtier.soak.run`)."""
+checked against an oracle run without kvtier (see :mod:`kvtier.tools.soak.run`)."""

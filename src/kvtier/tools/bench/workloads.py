@@ -1,6 +1,6 @@
 """Bench workloads: deterministic request schedules built from a seed, no downloads.
 
-Each workload is a list of requests for :mod:`kvtier.vllm.runner`'s ``serve`` op: token-id
+Each workload is a list of requests for :mod:`kvtier.vllm.harness.runner`'s ``serve`` op: token-id
 prompts (or continuations of earlier requests), output lengths and arrival times.
 
 - ``multi-turn``: U users x T turns. A shared system prompt, a document per user in the
@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench.prompts import chat_turn, document_text, exact_document, followup
-from kvtier.bench.text import question
 from kvtier.errors import ConfigError
+from kvtier.tools.bench.prompts import chat_turn, document_text, exact_document, followup
+from kvtier.tools.bench.text import question
 
 WORKLOADS = ("multi-turn", "doc-qa", "trace", "no-reuse")
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
-"""The Mooncake synthetic trace bundled with kvtier (Apache-2.0; see kvtier/data/README.md)."""
+"""The Mooncake synthetic trace bundled with kvtier (Apache-2.0; see kvtier/tools/data/README.md)."""
 
 
 @dataclass

@@ -26,8 +26,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.purge import PurgeTarget
 from kvtier.tiers.remote.keyspace import NAME_RE, PREFIX, is_chunk_name, purge_pattern
+from kvtier.tools.purge import PurgeTarget
 
 SCAN_COUNT = 1000
 """Names a SCAN step looks at (per node): large enough that a million names cost about a

@@ -1,8 +1,8 @@
 """The policy table of a ``kvtier sim`` run: the default against LRU and the bounds.
 
-One row per capacity configuration of a :func:`kvtier.sim.run_sim` result: total token hit
+One row per capacity configuration of a :func:`kvtier.tools.sim.run_sim` result: total token hit
 ratio (%) of ``lru``, ``default``, ``lru-oracle`` (LRU with offline admission: what an
-admission rule next to LRU's order can reach, :mod:`kvtier.sim.bounds`), ``belady`` and
+admission rule next to LRU's order can reach, :mod:`kvtier.tools.sim.bounds`), ``belady`` and
 ``infinite``, then ``default - lru`` in points and the share of the LRU -> Belady gap that
 the default and the oracle close ("-" where Belady is within 0.1 point of LRU). Columns of
 policies the run did not include are "-". The closing line names the worst cell of the

@@ -12,7 +12,7 @@ engine's prefix cache and kvtier's tiers are reset, so workloads do not help eac
 
 The ``two-engines`` workload runs engines of its own instead of the modes (kvtier's
 default settings with a remote tier, and a baseline without kvtier): see
-:mod:`kvtier.bench.two_engines`. Every engine of one bench run, whichever workload, computes
+:mod:`kvtier.tools.bench.two_engines`. Every engine of one bench run, whichever workload, computes
 on the same ``threads``, and the run refuses to compare engines whose measured binding differs.
 """
 
@@ -24,19 +24,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench import report, two_engines
-from kvtier.bench.binding import (
+from kvtier.errors import ConfigError
+from kvtier.tools.bench import report, two_engines
+from kvtier.tools.bench.binding import (
     binding_env,
     check_equal,
     default_threads,
     describe,
     same_binding,
 )
-from kvtier.bench.engine import run_with_progress
-from kvtier.bench.http import run_http_modes
-from kvtier.bench.machine import machine_info, preferred_dtype
-from kvtier.bench.workloads import WORKLOADS, Workload, WorkloadOptions, build
-from kvtier.errors import ConfigError
+from kvtier.tools.bench.engine import run_with_progress
+from kvtier.tools.bench.http import run_http_modes
+from kvtier.tools.bench.machine import machine_info, preferred_dtype
+from kvtier.tools.bench.workloads import WORKLOADS, Workload, WorkloadOptions, build
 from kvtier.units import parse_size
 
 MODES = ("baseline", "async", "sync", "auto")
@@ -71,7 +71,7 @@ class BenchOptions:
     threads: int | None = None
     """Compute threads of every mode's engine (None: all cores in process, one fewer for
     a server's model worker). The same for every mode, set explicitly: see
-    ``kvtier.bench.binding``."""
+    ``kvtier.tools.bench.binding``."""
     server: str | None = None
     """URL of a running OpenAI-compatible server: drive the workloads over HTTP against
     it (one mode, "server"; it must serve the bench model)."""
@@ -121,7 +121,7 @@ def validate(opts: BenchOptions) -> str:
             )
         two_engines.check_url(opts.remote)
     if opts.model is None:
-        from kvtier.models import smollm2_path
+        from kvtier.tools.models import smollm2_path
 
         return smollm2_path()
     path = Path(opts.model)

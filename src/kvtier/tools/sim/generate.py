@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.sim.trace import TRACE_BLOCK_TOKENS
+from kvtier.tools.sim.trace import TRACE_BLOCK_TOKENS
 
 
 @dataclass(frozen=True)

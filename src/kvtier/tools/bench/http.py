@@ -1,11 +1,11 @@
 """Drive a bench workload over HTTP against an OpenAI-compatible server.
 
-The same request schedules as the in-process runner (:mod:`kvtier.vllm.runner`'s
+The same request schedules as the in-process runner (:mod:`kvtier.vllm.harness.runner`'s
 ``serve`` op): token-id prompts on ``/v1/completions``, streamed, greedy; arrivals and a
 concurrency limit; ``extend`` continues an earlier request with its prompt + output.
 TTFT is measured at the client, from sending the request to the first streamed chunk
 that carries a token; cached prompt tokens come from the final usage record. Results have
-the runner's shape, so :func:`kvtier.bench.report.summarize` reads both. kvtier's hit
+the runner's shape, so :func:`kvtier.tools.bench.report.summarize` reads both. kvtier's hit
 tokens by source come per workload from the server's ``/metrics`` (``vllm:kvtier_*``).
 Token ids are the bench model's: a server given with ``--server`` must serve that model.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench.workloads import next_ready
+from kvtier.tools.bench.workloads import next_ready
 
 
 async def _one(
@@ -157,8 +157,8 @@ def run_http_modes(
 ) -> dict[str, dict[str, Any]]:
     """Every workload over HTTP, per mode: against ``url`` (one running server, mode
     "server"), or against a server started per mode (same flags and binding)."""
-    from kvtier.bench.prompts import tokenizer
-    from kvtier.bench.server import Server, ServerSpec, kvtier_hit_tokens, metrics
+    from kvtier.tools.bench.prompts import tokenizer
+    from kvtier.tools.bench.server import Server, ServerSpec, kvtier_hit_tokens, metrics
 
     eos = getattr(tokenizer(model), "eos_token_id", None)
     raw: dict[str, dict[str, Any]] = {}
