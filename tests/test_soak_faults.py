@@ -15,8 +15,9 @@ from kvtier.jobs import TransferJob
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.soak.disk_faults import DiskFaultInjector
 from kvtier.soak.run import small_filesystem
-from kvtier.tiers import CpuSlab, FaultPlan, FaultyStore
+from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.disk.slab import DiskSlab
+from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer import KVRegions, TransferEngine
 
 NS = Namespace("soak-model", "layout", "tp1").digest()
