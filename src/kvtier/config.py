@@ -283,6 +283,8 @@ def _flat(flat_key: str) -> Any:
         cls = TierSpec if key in option_keys(TierSpec) else tier_kind(kind).options
         return parse_fields(cls, {key: value}, lambda _: name)[key]
 
+    if key == "capacity":
+        parse.__name__ = "size"  # a byte size (the option reference prints it so)
     return parse
 
 

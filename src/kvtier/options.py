@@ -32,9 +32,11 @@ def prefix_of(label: Label) -> str:
     return label("").rstrip(".")
 
 
-def option(default: Any, parse: Parser) -> Any:
-    """A dataclass field for an option: its default and its parser."""
-    return dataclasses.field(default=default, metadata={"parse": parse})
+def option(default: Any, parse: Parser, required: str = "") -> Any:
+    """A dataclass field for an option: its default and its parser. ``required``: the
+    option must be given, and this says why when it is not (``"a disk tier needs a
+    directory"``); its default then only stands for "not given"."""
+    return dataclasses.field(default=default, metadata={"parse": parse, "required": required})
 
 
 def option_keys(cls: type) -> tuple[str, ...]:
@@ -49,6 +51,13 @@ def parse_fields(cls: type, data: Mapping[str, object], label: Label) -> dict[st
         if f.name in data and "parse" in f.metadata:
             out[f.name] = f.metadata["parse"](data[f.name], label(f.name))
     return out
+
+
+def check_required(obj: Any, label: Label) -> None:
+    """ConfigError naming the first required option of ``obj`` that was not given."""
+    for f in dataclasses.fields(obj):
+        if f.metadata.get("required") and getattr(obj, f.name) in (None, ""):
+            raise ConfigError(f"{label(f.name)}: {f.metadata['required']}, got none")
 
 
 def changed_fields(obj: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from kvtier.errors import ConfigError
-from kvtier.options import choice, option_keys, parse_fields
+from kvtier.options import check_required, choice, option_keys, parse_fields
 from kvtier.stack.registry import capabilities_of, tier_kind, tier_kinds
 from kvtier.stack.spec import EDGE_KEYS, TierSpec
 
@@ -61,6 +61,7 @@ def parse_tier(
                 "above; the first tier has none"
             )
     options = kind.options(**parse_fields(kind.options, data, label))
+    check_required(options, label)
     spec = TierSpec(kind.name, **parse_fields(TierSpec, data, label), options=options)
     return kind.check(spec, label) if kind.check is not None else spec
 

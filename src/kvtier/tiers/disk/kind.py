@@ -6,8 +6,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from kvtier.errors import ConfigError
-from kvtier.options import Label, integer, opt_nonempty, option
+from kvtier.options import integer, opt_nonempty, option
 from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.stack.kinds import Capabilities, TierContext, TierKind, fixed
@@ -27,7 +26,7 @@ DEFAULT_CAPACITY = 16 << 30
 class DiskOptions(TierOptions):
     """Options of a disk tier."""
 
-    path: str | None = option(None, opt_nonempty)
+    path: str | None = option(None, opt_nonempty, "a disk tier needs a directory")
     """Directory of the slab files (required); each tensor-parallel rank gets its own
     subdirectory."""
     threads: int = option(4, integer(1))
@@ -37,12 +36,6 @@ class DiskOptions(TierOptions):
 def _opts(spec: TierSpec) -> DiskOptions:
     assert isinstance(spec.options, DiskOptions), spec
     return spec.options
-
-
-def _check(spec: TierSpec, label: Label) -> TierSpec:
-    if not _opts(spec).path:
-        raise ConfigError(f"{label('path')}: a disk tier needs a directory, got none")
-    return spec
 
 
 def rank_dir(spec: TierSpec, ctx: TierContext, rank: int) -> str:
@@ -80,7 +73,7 @@ KIND = TierKind(
     DEFAULT_CAPACITY,
     fixed(Capabilities(persistent=True)),
     DiskOptions,
-    _check,
+    None,
     rank_dir,
 )
 """Slab files on a local directory; survives restarts (the index is rebuilt from them)."""

@@ -41,10 +41,7 @@ def _check(spec: TierSpec, label: Label) -> TierSpec:
     """A URL that parses, credentials and TLS files that load, a secret that loads."""
     opts = options_of(spec)
     name = prefix_of(label)
-    if not opts.url:
-        raise ConfigError(
-            f"{label('url')}: a redis tier needs a url such as 'redis://host:6379', got none"
-        )
+    assert opts.url  # a required option
     try:
         target = parse_remote_url(opts.url, environ={})
     except ConfigError as e:  # its message starts "url: ..." and masks credentials

@@ -16,7 +16,9 @@ from kvtier.tiers.remote.url import parse_remote_url
 class RedisOptions(TierOptions):
     """Options of a redis tier (Redis / Valkey, standalone or cluster)."""
 
-    url: str | None = option(None, opt_nonempty)
+    url: str | None = option(
+        None, opt_nonempty, "a redis tier needs a url such as 'redis://host:6379'"
+    )
     """Where the store lives (required): ``redis://host:port/db``, ``rediss://`` (TLS),
     ``redis+cluster://host:port,...`` (or several seeds) for a Redis Cluster
     (:mod:`kvtier.tiers.remote.url`). Credentials in a URL are never logged; prefer
