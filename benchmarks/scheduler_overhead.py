@@ -100,9 +100,11 @@ from kvtier.manager import CacheManager
 from kvtier.policies import EvictionPolicy, make_eviction_policy
 from kvtier.policies.defaults import tier_eviction_name
 from kvtier.sources import HitRun, HitSource, hit_sources
-from kvtier.stack.registry import TierContext, build_stack
+from kvtier.stack.build import build_stack
+from kvtier.stack.kinds import TierContext
 from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
+from kvtier.tiers.disk.kind import DiskOptions
 from kvtier.tiers.index import SlotIndex
 
 HIT_TOKENS = (8 << 10, 32 << 10, 128 << 10)
@@ -231,13 +233,15 @@ def build_case(
     chunk_bytes = LAYOUT.chunk_bytes(chunk_tokens)
     specs = [TierSpec("cpu", capacity=n * chunk_bytes, eviction=EVICTION)]
     if mix != "host":
-        specs.append(TierSpec("disk", capacity=n * chunk_bytes, path=None, eviction=EVICTION))
+        specs.append(
+            TierSpec("disk", capacity=n * chunk_bytes, eviction=EVICTION, options=DiskOptions())
+        )
     config = KVTierConfig(
         chunk_tokens=chunk_tokens,
         sync_budget=SyncBudget("fixed", SYNC_BUDGET_BYTES),
         tiers=tuple(specs),
     )
-    stack = build_stack(config, TierContext(config, chunk_bytes, namespace, restore=False))
+    stack = build_stack(config, TierContext(chunk_bytes, namespace, restore=False))
     cpu = stack[0].index
     assert isinstance(cpu, SlotIndex)
     if mix == "host":

@@ -20,9 +20,11 @@ from kvtier.config import KVTierConfig
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
-from kvtier.stack.registry import TierContext, build_stack, build_stores
+from kvtier.stack.build import build_stack, build_stores
+from kvtier.stack.kinds import TierContext
 from kvtier.stack.spec import TierSpec
-from kvtier.tiers import FaultPlan, FaultyStore
+from kvtier.tiers.disk.kind import DiskOptions
+from kvtier.tiers.faulty import FaultPlan
 from kvtier.transfer import KVRegions, TransferEngine
 from kvtier.worker import WorkerSide
 
@@ -82,25 +84,26 @@ class MiniEngine:
                     TierSpec(
                         "disk",
                         capacity=disk_chunks * self.chunk_bytes,
-                        path=str(disk_dir),
-                        threads=2,
+                        options=DiskOptions(path=str(disk_dir), threads=2),
                         eviction=config.disk_eviction,
                         on_store="skip" if back else "through",
                         on_evict="demote" if back else "drop",
                     )
                 )
             config = dataclasses.replace(config, tiers=tuple(specs))
+        if fault:  # the fault wrapper on the first tier's store, chosen by configuration
+            first, *rest = config.tiers
+            config = dataclasses.replace(
+                config, tiers=(dataclasses.replace(first, faults=fault), *rest)
+            )
         self.config = config
-        ctx = TierContext(config, self.chunk_bytes, ns, bpc, rank_dirs=False)
+        ctx = TierContext(self.chunk_bytes, ns, bpc, rank_dirs=False)
         self.manager = CacheManager(config, layout, ns, block_tokens, build_stack(config, ctx))
         regions = KVRegions.from_tensors(self.kv, num_blocks)
         assert regions.chunk_bytes(bpc) == self.chunk_bytes
         ctx = dataclasses.replace(ctx, row_bytes=tuple(regions.row_bytes))
         self.stores = build_stores(config, ctx)
-        first = next(iter(self.stores))
-        if fault:
-            self.stores[first] = FaultyStore(self.stores[first], fault)
-        self.store = self.stores[first]
+        self.store = next(iter(self.stores.values()))
         self.disk = next((st for st in self.stores.values() if hasattr(st, "corrupt_reads")), None)
         engine = TransferEngine(regions, self.stores, bpc)
         # Only the auto budget uses the measured bandwidth (tiny rows make measuring slow).

@@ -1,23 +1,70 @@
-"""pytest fixtures and harnesses for tests on real redis-server processes."""
+"""pytest fixtures and harnesses for tests on real redis-server processes, and the data
+helpers of the shared-tier tests (chains, payloads, split segments, probes)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import pytest
 import redis
+import torch
 
-from kvtier.keys import Key
-from kvtier.testing.shared_conformance import (
-    CHUNK_BYTES,
-    NAMESPACE,
-    SharedHarness,
-    chain,
-    payload,
-    segs,
-)
+from kvtier.conformance import CHUNK_BYTES as CONFORMANCE_CHUNK
+from kvtier.conformance import NAMESPACE as CONFORMANCE_NAMESPACE
+from kvtier.conformance import BuiltTier, Tamper
+from kvtier.keys import Key, Namespace, chunk_keys
+from kvtier.tiers.base import Pending, SlotStore, TierIndex
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tools.redis_server import RedisCluster, RedisServer, redis_available
+
+CHUNK_BYTES = 8192
+NAMESPACE = Namespace("conformance", "layout-digest", "tp2")
+
+
+@dataclass
+class SharedHarness:
+    """One shared tier (index + one store per rank) and raw access to its backing store."""
+
+    index: TierIndex
+    stores: list[SlotStore]
+    """One store per rank (rank r at position r)."""
+    raw_get: Callable[[Key, int], bytes | None]
+    raw_put: Callable[[Key, int, bytes], None]
+    drop: Callable[[Key, int], None]
+    make_store: Callable[[int, bytes], SlotStore]
+    """Another engine's store: ``(rank, namespace digest)``."""
+    close: Callable[[], None]
+
+
+def chain(n: int, salt: int = 0) -> list[Key]:
+    """``n`` chunk keys of 4 tokens; chains of distinct salts share no chunk."""
+    seed = b"shared-seed" + salt.to_bytes(8, "little")
+    return chunk_keys(list(range(n * 4)), 4, seed)
+
+
+def payload(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, CHUNK_BYTES), dtype=torch.uint8, generator=g)
+
+
+def segs(data: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
+    """Each chunk as two segments (a split payload, as engine regions give it)."""
+    h = CHUNK_BYTES // 2
+    return [[(0, row[:h]), (h, row[h:])] for row in data]
+
+
+def probe(index: TierIndex, keys: Sequence[Key], start: int = 0, timeout: float = 5.0) -> int:
+    """``leading``, asked again while it answers PENDING (as the scheduler would)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        n = index.leading(keys, start)
+        if not isinstance(n, Pending):
+            return n
+        assert time.monotonic() < deadline, "a probe never answered"
+        time.sleep(0.001)
+
 
 if not redis_available():  # scripts/setup.sh installs it; without it these tests cannot run
     raise RuntimeError("redis-server is not installed: run scripts/setup.sh")
@@ -94,10 +141,7 @@ def tier_roundtrip(entry: dict[str, object], n: int = 3, seed: int = 0) -> tuple
     store ``n`` chunks through its store, probe them through its index, read them back
     into fresh memory. Returns each chunk's read success (True only when the bytes read
     equal the bytes stored) and the probe's leading count."""
-    import torch
-
     from kvtier.config import KVTierConfig
-    from kvtier.testing.shared_conformance import probe
     from kvtier.tiers.remote.kind import client_for
 
     spec = KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, entry]}).tiers[1]
@@ -115,3 +159,26 @@ def tier_roundtrip(entry: dict[str, object], n: int = 3, seed: int = 0) -> tuple
     finally:
         index.close()
         store.close()
+
+
+def redis_tamper(tier: BuiltTier) -> Tamper:
+    """Raw access to a conformance case's redis tier: its values by chunk name (keyed by
+    the tier's secret, if any)."""
+    from kvtier.stack.kinds import TierContext
+    from kvtier.tiers.remote.kind import keyspace_for, options_of
+
+    url = options_of(tier.spec).url
+    assert url
+    raw = raw_client(url)
+    tier.ctx.finalizer(raw.close)
+    space = keyspace_for(tier.spec, TierContext(CONFORMANCE_CHUNK, CONFORMANCE_NAMESPACE))
+
+    def get(key: Key, rank: int) -> bytes | None:
+        v = raw.get(space.name(key, rank))
+        return v if isinstance(v, bytes) else None
+
+    return Tamper(
+        get,
+        lambda k, r, v: raw.set(space.name(k, r), v),
+        lambda k, r: raw.delete(space.name(k, r)),
+    )

@@ -10,7 +10,8 @@ from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager
-from kvtier.stack.registry import TierContext, build_stack
+from kvtier.stack.build import build_stack
+from kvtier.stack.kinds import TierContext
 from kvtier.stack.spec import TierSpec
 
 LAYOUT = KVLayout.dense(2, 1, 4, "float32")  # 64 B per token
@@ -48,7 +49,7 @@ def manager(limit: int, chains: list[list[int]]) -> CacheManager:
         tiers=(TierSpec("cpu", capacity=4096 * chunk_bytes),),
     )
     ns = Namespace("m", LAYOUT.digest())
-    stack = build_stack(config, TierContext(config, chunk_bytes, ns))
+    stack = build_stack(config, TierContext(chunk_bytes, ns))
     index = stack[0].index
     m = CacheManager(config, LAYOUT, ns, CHUNK, stack)
     for i, toks in enumerate(chains):  # store each chain's whole chunks

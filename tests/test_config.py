@@ -1,9 +1,17 @@
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.config import EVICTION_POLICIES, WRITE_POLICIES, KVTierConfig, SyncBudget
 from kvtier.errors import ConfigError
+from kvtier.keys import Namespace
+from kvtier.options import option_keys
+from kvtier.stack.build import build_stack
+from kvtier.stack.kinds import TierContext
+from kvtier.stack.parse import COMMON_KEYS
+from kvtier.stack.registry import tier_kind, tier_kinds
 from kvtier.units import format_size, parse_size
 
 
@@ -105,3 +113,132 @@ def test_every_field_has_a_docstring():
         ):
             documented.add(node.target.id)
     assert documented == {f.name for f in dataclasses.fields(KVTierConfig)}
+
+
+# -- one validator for the flat keys and the tiers form -----------------------------------------
+
+
+@pytest.mark.parametrize("kind", tier_kinds())
+def test_a_misspelt_key_lists_exactly_that_kinds_keys(kind):
+    with pytest.raises(ConfigError) as e:
+        KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, {"kind": kind, "capacty": 1}]})
+    msg = str(e.value)
+    head = f"tiers[1]: unknown key(s) 'capacty'; accepted keys for a {kind} tier: "
+    assert msg.startswith(head), msg
+    listed = msg[len(head) :].split(", ")
+    own = option_keys(tier_kind(kind).options)
+    assert listed == sorted({*COMMON_KEYS, *own})
+    others = {k for name in tier_kinds() for k in option_keys(tier_kind(name).options)}
+    assert not (others - set(own)) & set(listed), "another kind's keys are listed"
+
+
+def test_a_cpu_tier_lists_no_other_kinds_keys():
+    with pytest.raises(ConfigError) as e:
+        KVTierConfig.from_dict({"tiers": [{"kind": "cpu", "url": "redis://h"}]})
+    assert not {"url", "path", "ssl_ca", "threads"} & set(
+        str(e.value).rsplit(": ", 1)[1].split(", ")
+    )
+
+
+def _refusal(data):
+    try:
+        return KVTierConfig.from_dict(data)
+    except ConfigError as e:
+        return str(e)
+
+
+FLAT_VALUES = [("cpu_bytes", "capacity", v) for v in ("4", "lots", True, -1, [1], 1.5, "2 KiB")] + [
+    ("disk_bytes", "capacity", "x"),
+    ("disk_threads", "threads", 0),
+    ("disk_threads", "threads", "x"),
+    ("disk_threads", "threads", "3"),
+    ("disk_threads", "threads", True),
+    ("disk_eviction", "eviction", "fifo"),
+    ("disk_eviction", "eviction", "lru"),
+    ("disk_path", "path", 5),
+]
+
+
+@pytest.mark.parametrize(("flat", "key", "value"), FLAT_VALUES)
+def test_the_same_value_gets_the_same_answer_in_both_forms(flat, key, value):
+    """A flat key and the tiers key it stands for accept and refuse alike, in the same
+    words, each naming its own key."""
+    if flat.startswith("disk"):
+        base = {"disk_path": "/tmp/kvtier-same-answer"}
+        flat_cfg = _refusal({**base, flat: value})
+        entry = {"kind": "disk", "path": "/tmp/kvtier-same-answer", key: value}
+        tiers_cfg = _refusal({"tiers": [{"kind": "cpu"}, entry]})
+        label = "tiers[1]." + key
+    else:
+        flat_cfg = _refusal({flat: value})
+        tiers_cfg = _refusal({"tiers": [{"kind": "cpu", key: value}]})
+        label = "tiers[0]." + key
+    if isinstance(flat_cfg, str) or isinstance(tiers_cfg, str):
+        assert isinstance(flat_cfg, str) and isinstance(tiers_cfg, str), (flat_cfg, tiers_cfg)
+        assert flat_cfg.startswith(f"{flat}: ") and tiers_cfg.startswith(f"{label}: ")
+        assert flat_cfg[len(flat) :] == tiers_cfg[len(label) :]
+        assert repr(value) in flat_cfg or str(value) in flat_cfg, "the value is named"
+    else:
+        t = 1 if flat.startswith("disk") else 0
+        assert flat_cfg.tier_specs()[t] == tiers_cfg.tier_specs()[t]
+
+
+def test_four_is_four_bytes_in_both_forms():
+    assert KVTierConfig.from_dict({"cpu_bytes": "4"}).tier_specs()[0].capacity == 4
+    tiers = KVTierConfig.from_dict({"tiers": [{"kind": "cpu", "capacity": "4"}]})
+    assert tiers.tier_specs()[0].capacity == 4
+
+
+def test_kind_defaults_are_the_flat_keys_defaults():
+    cfg = KVTierConfig()
+    assert tier_kind("cpu").default_capacity == cfg.cpu_bytes
+    assert tier_kind("disk").default_capacity == cfg.disk_bytes
+    assert tier_kind("disk").options().threads == cfg.disk_threads
+
+
+def _stack_shape(cfg):
+    stack = build_stack(cfg, TierContext(4096, Namespace("m", "l"), restore=False))
+    return [
+        (
+            t.name,
+            t.source,
+            t.capabilities,
+            t.spec,
+            t.index.num_slots,
+            type(t.index.policy).__name__,
+            t.index.record_evictions,
+        )
+        for t in stack.tiers
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cpu=st.integers(0, 1 << 24),
+    eviction=st.sampled_from(EVICTION_POLICIES),
+    disk=st.none() | st.just("/tmp/kvtier-property-disk"),
+    disk_bytes=st.integers(0, 1 << 24),
+    threads=st.integers(1, 16),
+    disk_eviction=st.none() | st.sampled_from(EVICTION_POLICIES),
+    policy=st.sampled_from(WRITE_POLICIES),
+    as_text=st.booleans(),
+)
+def test_flat_keys_and_the_equivalent_tiers_build_equal_stacks(
+    cpu, eviction, disk, disk_bytes, threads, disk_eviction, policy, as_text
+):
+    size = (lambda n: f"{n}B") if as_text else (lambda n: n)
+    flat = {"cpu_bytes": size(cpu), "eviction": eviction, "disk_write_policy": policy}
+    tiers = [{"kind": "cpu", "capacity": size(cpu)}]
+    if disk is not None:
+        flat.update(disk_path=disk, disk_bytes=size(disk_bytes), disk_threads=threads)
+        back = policy == "write-back"
+        entry = {"kind": "disk", "path": disk, "capacity": size(disk_bytes), "threads": threads}
+        entry.update(on_store="skip" if back else "through", on_evict="demote" if back else "drop")
+        if disk_eviction is not None:
+            flat["disk_eviction"] = disk_eviction
+            entry["eviction"] = disk_eviction
+        tiers.append(entry)
+    a = KVTierConfig.from_dict(flat)
+    b = KVTierConfig.from_dict({"eviction": eviction, "tiers": tiers})
+    assert a.tier_specs() == b.tier_specs()
+    assert _stack_shape(a) == _stack_shape(b)

@@ -32,7 +32,6 @@ import kvtier.tiers.disk.slab as disk_module
 from kvtier.errors import TierUnavailable
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.policies.registry import make_eviction_policy
-from kvtier.testing import TierConformance
 from kvtier.tiers.disk import native as slabio
 from kvtier.tiers.disk.format import (
     SlabGeometry,
@@ -108,25 +107,7 @@ def tmpdir_path():
     shutil.rmtree(d, ignore_errors=True)
 
 
-# -- conformance ------------------------------------------------------------------------------
-
-
-class TestDiskTier(TierConformance):
-    def make_tier(self, capacity_chunks, chunk_bytes):
-        d = tempfile.mkdtemp(prefix="kvtier-conf-")
-        self._dirs = [*getattr(self, "_dirs", []), d]
-        return DiskTier(d, capacity_chunks * chunk_bytes, chunk_bytes, NS, threads=3)
-
-    def teardown_method(self, method):
-        for d in getattr(self, "_dirs", []):
-            shutil.rmtree(d, ignore_errors=True)
-
-
-class TestDiskTierArc(TestDiskTier):
-    def make_tier(self, capacity_chunks, chunk_bytes):
-        d = tempfile.mkdtemp(prefix="kvtier-conf-")
-        self._dirs = [*getattr(self, "_dirs", []), d]
-        return DiskTier(d, capacity_chunks * chunk_bytes, chunk_bytes, NS, eviction="arc")
+# Conformance: the disk kind runs through kvtier.conformance in test_conformance.py.
 
 
 # -- restarts ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.events import EventRun, TierEvents
 from kvtier.keys import Key
 from kvtier.stack.stack import TierStack
-from kvtier.tiers import FaultPlan
+from kvtier.tiers.faulty import FaultPlan
 from kvtier.tiers.index import SlotIndex, store_at_once
 from mini_engine import MiniEngine
 
@@ -174,16 +174,19 @@ def test_off_means_no_listener_and_a_shared_tier_only_when_asked() -> None:
     """Without a log nothing listens; a shared tier is listened to only with shared=True,
     and then announces this engine's successful stores and failed checks."""
     from kvtier.keys import Namespace, chunk_keys
-    from kvtier.stack.registry import TierContext, build_stack
-    from kvtier.stack.spec import TierSpec
+    from kvtier.stack.build import build_stack
+    from kvtier.stack.kinds import TierContext
+    from kvtier.stack.parse import tier_spec
 
     specs = (
-        TierSpec("cpu", capacity=4 * 64),
-        TierSpec("memory", capacity=8 * 64, url="memory://events-test", shared=True),
+        tier_spec({"kind": "cpu", "capacity": 4 * 64}),
+        tier_spec(
+            {"kind": "memory", "capacity": 8 * 64, "url": "memory://events-test", "shared": True}
+        ),
     )
     cfg = KVTierConfig(chunk_tokens=CHUNK, tiers=specs)
     ns = Namespace("m", "layout")
-    stack: TierStack = build_stack(cfg, TierContext(cfg, 64, ns, restore=False))
+    stack: TierStack = build_stack(cfg, TierContext(64, ns, restore=False))
     assert all(t.index.listener is None for t in stack.tiers)
     TierEvents(stack, 2)
     assert stack[0].index.listener is not None and stack[1].index.listener is None

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvtier.jobs import TransferJob
 from kvtier.layout import AttentionKind
-from kvtier.tiers import CpuSlab
+from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer import KVRegions, TransferEngine
 from kvtier.transfer.groups import NULL_BLOCK, BlockIdCodec, GroupedRegions
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.keys import KeyChain
 from kvtier.sources import HitSource
-from kvtier.tiers import FaultPlan
+from kvtier.tiers.faulty import FaultPlan
 from mini_engine import MiniEngine
 
 CFG = KVTierConfig(chunk_tokens=8, cpu_bytes=1 << 20, sync_budget=SyncBudget("fixed", 1 << 30))

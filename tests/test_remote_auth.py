@@ -19,24 +19,24 @@ from kvtier.errors import ConfigError
 from kvtier.jobs import WorkerReport
 from kvtier.keys import GROUP_CHUNKS, KEY_BYTES, TAG_BYTES, Namespace
 from kvtier.metrics import Metrics, PrometheusExporter
-from kvtier.testing.shared_conformance import (
-    CHUNK_BYTES,
-    NAMESPACE,
-    SharedHarness,
-    SharedTierConformance,
-    chain,
-    payload,
-    probe,
-    segs,
-)
 from kvtier.tiers.envelope import HEADER_BYTES, parse_envelope, seal
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, ValueAuth, subkey
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.remote.keyspace import PREFIX, is_chunk_name, purge_pattern
-from kvtier.tools.redis_server import RedisServer
 from mini_engine import MiniEngine
-from redis_fixtures import cluster, flush, raw_client, server  # noqa: F401  (fixtures)
+from redis_fixtures import (  # noqa: F401  (fixtures)
+    CHUNK_BYTES,
+    NAMESPACE,
+    chain,
+    cluster,
+    flush,
+    payload,
+    probe,
+    raw_client,
+    segs,
+    server,
+)
 from test_remote_engine import CHUNK, assert_clean, drive, remote_tokens, workload
 
 SECRET_A = hashlib.sha256(b"tenant A").hexdigest().encode()
@@ -75,48 +75,7 @@ def forged(raw_value: bytes, mode: str) -> bytes:
     return bytes(len(raw_value))
 
 
-# -- the conformance suite, under a secret ------------------------------------------------------
-
-
-class _Authenticated(SharedTierConformance):
-    mode = ""
-
-    @pytest.fixture(autouse=True)
-    def _server(self, server: RedisServer) -> None:  # noqa: F811
-        self.url = server.url
-
-    def make(self, world: int) -> SharedHarness:
-        flush(self.url)
-        encrypt = self.mode == "aead"
-        space = KeySpace(NAMESPACE, SECRET_A, encrypt)
-        raw = raw_client(self.url)
-        client = RemoteClient(parse_remote_url(self.url), timeout_s=5)
-        index = RemoteIndex(client, space, world, wait_s=0.002)
-        stores = [make_store(self.url, self.mode, SECRET_A, rank=r) for r in range(world)]
-
-        def close() -> None:
-            index.close()
-            for s in stores:
-                s.close()
-            raw.close()
-
-        return SharedHarness(
-            index,
-            list(stores),
-            lambda k, r: raw.get(space.name(k, r)),
-            lambda k, r, v: raw.set(space.name(k, r), v),
-            lambda k, r: raw.delete(space.name(k, r)),
-            lambda r, digest: make_store(self.url, self.mode, SECRET_A, digest, r),
-            close,
-        )
-
-
-class TestMacTier(_Authenticated):
-    mode = "mac"
-
-
-class TestAeadTier(_Authenticated):
-    mode = "aead"
+# The conformance suite under a secret (MAC, AEAD): test_conformance.py.
 
 
 def test_keyed_aead_names_spread_over_a_cluster_and_probe_by_group(cluster):  # noqa: F811
@@ -472,7 +431,9 @@ def test_bad_secret_configuration_is_one_line_naming_the_option(monkeypatch, ent
 
 
 def test_memory_tiers_refuse_secret_options():
-    with pytest.raises(ConfigError, match="apply to the redis kind only"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key\(s\) 'encrypt'; accepted keys for a memory"
+    ):
         KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, {"kind": "memory", "encrypt": True}]})
 
 
@@ -480,7 +441,8 @@ def test_a_secret_gone_at_build_time_stores_nothing(server, monkeypatch):  # noq
     """The secret checks out when the config is read and is gone when the tier is built
     (another process, another environment): building fails naming the option, and nothing
     was stored. The secret shows in no repr."""
-    from kvtier.stack.registry import TierContext, build_stack, build_stores
+    from kvtier.stack.build import build_stack, build_stores
+    from kvtier.stack.kinds import TierContext
 
     flush(server.url)
     secret = "s" * 48
@@ -493,7 +455,7 @@ def test_a_secret_gone_at_build_time_stores_nothing(server, monkeypatch):  # noq
             ]
         }
     )
-    ctx = TierContext(cfg, CHUNK_BYTES, NAMESPACE)
+    ctx = TierContext(CHUNK_BYTES, NAMESPACE)
     stores = build_stores(cfg, ctx)
     assert secret not in repr(cfg) + repr(stores["redis"].auth) + repr(cfg.tiers[1])  # type: ignore[attr-defined]
     stores["redis"].close()

@@ -15,68 +15,28 @@ from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
-from kvtier.keys import GROUP_CHUNKS, rank_key
-from kvtier.stack.spec import TierSpec
-from kvtier.testing.shared_conformance import (
-    CHUNK_BYTES,
-    NAMESPACE,
-    SharedHarness,
-    SharedTierConformance,
-    chain,
-    payload,
-    probe,
-    segs,
-)
-from kvtier.testing.split_conformance import SplitConformance
-from kvtier.testing.split_conformance import _chain as split_chain
-from kvtier.testing.split_conformance import _segs as split_segs
+from kvtier.keys import GROUP_CHUNKS
 from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote import client as client_module
 from kvtier.tiers.remote import store as store_module
 from kvtier.tiers.remote.client import RemoteUnavailable
-from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore
 from kvtier.tools.redis_server import RedisCluster, RedisServer
-from redis_fixtures import cluster, flush, harness, raw_client, server  # noqa: F401  (fixtures)
+from redis_fixtures import (  # noqa: F401  (fixtures)
+    CHUNK_BYTES,
+    NAMESPACE,
+    chain,
+    cluster,
+    flush,
+    harness,
+    payload,
+    probe,
+    raw_client,
+    segs,
+    server,
+)
 
-# -- the conformance suite on every shared tier ----------------------------------------------
-
-
-class TestSharedMemoryTier(SharedTierConformance):
-    def make(self, world: int) -> SharedHarness:
-        space = SharedSpace(1 << 20)
-
-        def store(rank: int, digest: bytes) -> SharedStore:
-            return SharedStore(space, CHUNK_BYTES, digest, rank)
-
-        stores = [store(r, NAMESPACE.for_rank(r).digest()) for r in range(world)]
-        return SharedHarness(
-            ProbeIndex(space, world),
-            list(stores),
-            lambda k, r: space.get_many([rank_key(k, r)])[0],
-            lambda k, r, v: space.overwrite(rank_key(k, r), v),
-            lambda k, r: space._data.pop(rank_key(k, r), None),
-            store,
-            lambda: None,
-        )
-
-
-class TestRedisStandalone(SharedTierConformance):
-    @pytest.fixture(autouse=True)
-    def _server(self, server: RedisServer) -> None:  # noqa: F811
-        self.url = server.url
-
-    def make(self, world: int) -> SharedHarness:
-        return harness(self.url, world)
-
-
-class TestRedisCluster(SharedTierConformance):
-    @pytest.fixture(autouse=True)
-    def _cluster(self, cluster: RedisCluster) -> None:  # noqa: F811
-        self.url = cluster.url
-
-    def make(self, world: int) -> SharedHarness:
-        return harness(self.url, world)
+# The conformance suite on every shared tier: test_conformance.py (kvtier.conformance).
 
 
 # -- URLs and config ---------------------------------------------------------------------------
@@ -131,7 +91,7 @@ def test_bad_urls_are_refused_in_one_line_naming_the_tier(url, fragment):
     ("entry", "fragment"),
     [
         ({"kind": "redis"}, "tiers[1].url: a redis tier needs a url"),
-        ({"kind": "memory", "timeout_ms": 5}, "apply to the redis kind only"),
+        ({"kind": "memory", "timeout_ms": 5}, "unknown key(s) 'timeout_ms'; accepted keys for a"),
         ({"kind": "redis", "url": "redis://h", "timeout_ms": 0}, "tiers[1].timeout_ms"),
         ({"kind": "redis", "url": "redis://h", "ttl_s": -1}, "tiers[1].ttl_s"),
     ],
@@ -145,13 +105,15 @@ def test_bad_remote_tier_entries(entry, fragment):
 def test_a_redis_tier_is_shared_and_reports_p2p(server):  # noqa: F811
     from kvtier.keys import Namespace
     from kvtier.sources import HitSource
-    from kvtier.stack.registry import TierContext, build_stack
+    from kvtier.stack.build import build_stack
+    from kvtier.stack.kinds import TierContext
+    from kvtier.stack.registry import capabilities_of
 
     cfg = KVTierConfig.from_dict(
         {"tiers": [{"kind": "cpu", "capacity": "1MiB"}, {"kind": "redis", "url": server.url}]}
     )
-    assert cfg.tiers[1].shared
-    stack = build_stack(cfg, TierContext(cfg, 4096, Namespace("m", "l")))
+    assert capabilities_of(cfg.tiers[1]).shared
+    stack = build_stack(cfg, TierContext(4096, Namespace("m", "l")))
     assert stack[1].shared and stack[1].source is HitSource.P2P
     stack[1].index.close()  # type: ignore[attr-defined]
 
@@ -679,46 +641,6 @@ def test_probe_answers_pending_instead_of_blocking(server):  # noqa: F811
         index.close()
     finally:
         h.close()
-
-
-# -- the index/store split the engine runs, built by the registry -----------------------------
-
-
-class _RedisSplit(SplitConformance):
-    url = ""
-
-    def spec(self, tmp_path):
-        flush(self.url)
-        # A generous probe wait: these tests call leading() once and expect the answer.
-        return TierSpec("redis", url=self.url, shared=True, probe_wait_ms=5000)
-
-    def test_capacity_is_bounded_and_what_leads_reads_back(self, tmp_path):
-        """The bound of a redis tier is the server's maxmemory (see
-        test_remote_engine.test_maxmemory_lru_evicts_and_engines_cope); what leads reads
-        back."""
-        index, store = self.build(tmp_path, chunks=6)
-        chains = [split_chain(3, salt=s) for s in range(5)]
-        for s, keys in enumerate(chains):
-            self.store_chain(index, store, keys, split_segs(3, seed=10 + s))
-        for s, keys in enumerate(chains):
-            assert index.leading(keys) == 3
-            out = split_segs(3, fill=0)
-            assert store.read(index.slots_of(keys), keys, out) == [True] * 3
-            for i in range(3):
-                assert torch.equal(out[i][0][1], split_segs(3, seed=10 + s)[i][0][1])
-        store.close()
-
-
-class TestRedisSplit(_RedisSplit):
-    @pytest.fixture(autouse=True)
-    def _server(self, server: RedisServer) -> None:  # noqa: F811
-        self.url = server.url
-
-
-class TestRedisClusterSplit(_RedisSplit):
-    @pytest.fixture(autouse=True)
-    def _cluster(self, cluster: RedisCluster) -> None:  # noqa: F811
-        self.url = cluster.url
 
 
 def test_network_jobs_have_their_own_queue(server):  # noqa: F811

@@ -131,7 +131,7 @@ def test_bad_tls_configuration_is_one_line_naming_the_option(certs, tmp_path):
 
 def test_tls_files_are_plain_paths_in_the_spec(certs):
     cfg = KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, entry("rediss://h", certs)]})
-    spec = cfg.tiers[1]
+    spec = cfg.tiers[1].options
     assert (spec.ssl_ca, spec.ssl_check_hostname) == (str(certs.ca), True)
     assert KVTierConfig.from_dict(cfg.to_dict()) == cfg
     assert Path(spec.ssl_key or "").stat().st_mode & 0o077 == 0  # keys made 0600

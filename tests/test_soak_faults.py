@@ -13,8 +13,9 @@ from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.jobs import TransferJob
 from kvtier.keys import Namespace, chunk_keys
-from kvtier.tiers import CpuSlab, FaultPlan, FaultyStore
+from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.disk.slab import DiskSlab
+from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.tools.soak.disk_faults import DiskFaultInjector
 from kvtier.tools.soak.run import small_filesystem
 from kvtier.transfer import KVRegions, TransferEngine

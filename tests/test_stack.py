@@ -49,7 +49,7 @@ def test_flat_keys_are_shorthand_for_a_stack():
     )
     cpu, disk = flat.tier_specs()
     assert (cpu.kind, cpu.capacity) == ("cpu", 1 << 30)
-    assert (disk.kind, disk.path, disk.on_store, disk.on_evict) == (
+    assert (disk.kind, disk.options.path, disk.on_store, disk.on_evict) == (
         "disk",
         "/tmp/d",
         "skip",

@@ -3,7 +3,7 @@ import torch
 
 from kvtier.errors import ConfigError
 from kvtier.jobs import TransferJob
-from kvtier.tiers import CpuSlab
+from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer import KVRegions, TransferEngine
 
 
@@ -95,7 +95,7 @@ def test_calibrate_reports_bandwidth():
 def test_row_path_and_segment_path_agree(faulty):
     """The batched row path (CpuSlab) and the generic segment path (any store) move the
     same bytes: store with one, read back with the other."""
-    from kvtier.tiers import FaultPlan, FaultyStore
+    from kvtier.tiers.faulty import FaultPlan, FaultyStore
 
     kv = cpu_layout(num_blocks=40)
     regions = KVRegions.from_tensors(kv, num_blocks=40)
@@ -146,7 +146,7 @@ def test_a_sync_load_that_fails_once_is_copied_again_within_the_step(rows):
     end up exact and the load counts as good (vLLM would otherwise keep the scribbled
     blocks cached until their owner recomputes them). A persistent error still fails the
     chunk, and async loads, whose failures vLLM handles safely, are not retried."""
-    from kvtier.tiers import FaultPlan, FaultyStore
+    from kvtier.tiers.faulty import FaultPlan, FaultyStore
 
     class FailsFirst(FaultyStore):
         """Fails (and scribbles over) only the first ``n`` reads."""

@@ -14,22 +14,27 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvtier.errors import ConfigError
-from kvtier.policies.registry import eviction_names
-from kvtier.stack.spec import TierSpec, flat_tier_specs, parse_tiers
+from kvtier.options import boolean, choice, integer, opt_nonempty, option_keys, parse_fields, text
+from kvtier.policies.registry import DEFAULT_EVICTION, eviction_names
+from kvtier.stack.parse import parse_tiers, resolved
+from kvtier.stack.registry import tier_kind
+from kvtier.stack.spec import TierSpec
+from kvtier.tiers.fault_plan import parse_faults
 from kvtier.units import parse_size
 
 WritePolicy = Literal["write-through", "write-back"]
 EVICTION_POLICIES: tuple[str, ...] = eviction_names()
 """The registered eviction policies (:mod:`kvtier.policies.registry`)."""
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
-FLAT_TIER_KEYS: tuple[str, ...] = (
-    "cpu_bytes",
-    "disk_path",
-    "disk_bytes",
-    "disk_write_policy",
-    "disk_threads",
-    "disk_eviction",
-)
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    "cpu_bytes": ("cpu", "capacity"),
+    "disk_path": ("disk", "path"),
+    "disk_bytes": ("disk", "capacity"),
+    "disk_threads": ("disk", "threads"),
+    "disk_eviction": ("disk", "eviction"),
+}
+"""Flat key -> (kind, key of that kind's tiers entry) it stands for."""
+FLAT_TIER_KEYS: tuple[str, ...] = (*FLAT_KEYS, "disk_write_policy")
 """The shorthand keys describing a cpu (+ disk) stack; refused next to ``tiers``."""
 
 
@@ -78,7 +83,7 @@ class KVTierConfig:
     cpu_bytes: int = 4 << 30
     """Capacity of the CPU tier in bytes (per device). The slab is allocated once at start."""
 
-    eviction: str = "adaptive"
+    eviction: str = DEFAULT_EVICTION
     """Eviction policy of the CPU tier (and of every other tier that does not name its own,
     the flat keys' disk tier unless ``disk_eviction`` is set): "adaptive" (default:
     shadow caches pick LRU, chain-arc or adaptive-arc online, held within a stated budget
@@ -149,19 +154,21 @@ class KVTierConfig:
     announcements go stale (see docs/events.md)."""
 
     tiers: tuple[TierSpec, ...] = ()
-    """The tier stack, innermost first: a list of mappings with the keys of
-    :class:`~kvtier.stack.spec.TierSpec` (``kind``, ``capacity``, ``eviction``, ``path``,
-    ``url``, edge rules ``on_store`` / ``on_evict`` / ``on_hit`` toward the tier above...).
-    Empty (default): the stack the flat keys describe, a CPU tier of ``cpu_bytes`` and,
-    with ``disk_path``, a disk tier below it (``disk_write_policy`` its edge rules)."""
+    """The tier stack, innermost first: a list of mappings, each with the common tier keys
+    (``kind``, ``name``, ``capacity``, ``eviction``, ``faults``, edge rules ``on_store`` /
+    ``on_evict`` / ``on_hit`` toward the tier above...) and the kind's own (a disk tier's
+    ``path``, a redis tier's ``url``...). Empty (default): the stack the flat keys
+    describe, a CPU tier of ``cpu_bytes`` and, with ``disk_path``, a disk tier below it
+    (``disk_write_policy`` its edge rules); the flat keys are translated into those two
+    entries and checked by the same code."""
 
     fault_injection: Mapping[str, Any] | None = None
-    """Testing only: make tier reads/writes fail on purpose, e.g. {"seed": 1,
-    "read_fail_rate": 0.2} or {"fail_all_reads": true}. Keys (CPU tier): seed,
-    read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes, slow_rate (probability
-    that a copy is slow), slow_seconds (how slow, at most 1 s), rows (keep the batched row
-    path: faults fail whole row copies); "disk": a mapping of the same keys for the disk
-    tier's store. None (default) injects nothing."""
+    """Testing only: the fault wrapper on the first tier's store, e.g. {"seed": 1,
+    "read_fail_rate": 0.2} or {"fail_all_reads": true}, with the keys of a tier's
+    ``faults`` (seed, read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes,
+    slow_rate, slow_seconds, rows); "disk": a mapping of the same keys for the tier named
+    "disk". Shorthand for ``faults`` on those tiers (not both). None (default) injects
+    nothing."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
@@ -186,12 +193,20 @@ class KVTierConfig:
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             kwargs[key] = _PARSERS[key](value, key)
+            if key in FLAT_KEYS and kwargs[key] is None and key != "disk_path":
+                del kwargs[key]  # null: the default, as a tier entry's null is the kind's
         return cls(**kwargs)
 
     def __post_init__(self) -> None:
         # Validate direct construction the same way as from_dict.
         for f in dataclasses.fields(self):
             _PARSERS[f.name](getattr(self, f.name), f.name)
+        if self.fault_injection and any(t.faults is not None for t in self.tiers):
+            raise ConfigError(
+                "fault_injection: give faults either per tier ('faults') or here, not both"
+            )
+        if not self.tiers:
+            flat_tier_specs(self)  # the kinds' own checks, as for a tiers entry
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly mapping that from_dict accepts back."""
@@ -204,20 +219,49 @@ class KVTierConfig:
         return out
 
     def tier_specs(self) -> tuple[TierSpec, ...]:
-        """The stack to build: ``tiers``, or the one the flat keys describe."""
-        if self.tiers:
-            return self.tiers
-        return flat_tier_specs(self)
+        """The stack to build: ``tiers``, or the one the flat keys describe, with
+        ``fault_injection`` applied and every default filled in (each kind's capacity,
+        ``eviction`` where a tier names none)."""
+        specs = self.tiers or flat_tier_specs(self)
+        if self.fault_injection:
+            specs = _with_faults(specs, self.fault_injection)
+        return tuple(resolved(spec, self.eviction) for spec in specs)
 
 
-def _eviction(value: object, name: str) -> str:
-    from kvtier.policies.registry import eviction_names
+def flat_tier_specs(config: KVTierConfig) -> tuple[TierSpec, ...]:
+    """The stack the flat keys describe: cpu (``cpu_bytes``), then disk (``disk_path``)
+    with ``disk_write_policy`` as its edge rules; parsed as the equivalent ``tiers``
+    entries are, errors naming the flat keys."""
+    entries: list[dict[str, Any]] = [{"kind": "cpu", "capacity": config.cpu_bytes}]
+    labels: list[dict[str, str]] = [{"capacity": "cpu_bytes"}]
+    if config.disk_path:
+        back = config.disk_write_policy == "write-back"
+        disk: dict[str, Any] = {
+            "kind": "disk",
+            "capacity": config.disk_bytes,
+            "path": config.disk_path,
+            "threads": config.disk_threads,
+            "on_store": "skip" if back else "through",
+            "on_evict": "demote" if back else "drop",
+        }
+        if config.disk_eviction is not None:
+            disk["eviction"] = config.disk_eviction
+        entries.append(disk)
+        labels.append({v[1]: k for k, v in FLAT_KEYS.items() if v[0] == "disk"})
+    return parse_tiers(entries, labels=labels)
 
-    return str(_choice(eviction_names())(value, name))
 
-
-def _opt_eviction(value: object, name: str) -> str | None:
-    return None if value is None else _eviction(value, name)
+def _with_faults(specs: tuple[TierSpec, ...], faults: Mapping[str, Any]) -> tuple[TierSpec, ...]:
+    """``fault_injection`` as the ``faults`` of the first tier and of the tier "disk"."""
+    top = {k: v for k, v in faults.items() if k != "disk"}
+    out = list(specs)
+    if top:
+        out[0] = dataclasses.replace(out[0], faults=parse_faults(top, "fault_injection"))
+    for i, spec in enumerate(out):
+        if faults.get("disk") and spec.label == "disk":
+            plan = parse_faults(faults["disk"], "fault_injection.disk")
+            out[i] = dataclasses.replace(spec, faults=plan)
+    return tuple(out)
 
 
 def _tiers(value: object, name: str) -> tuple[TierSpec, ...]:
@@ -229,129 +273,55 @@ def _tiers(value: object, name: str) -> tuple[TierSpec, ...]:
     return parse_tiers(value, name)
 
 
-def _int(min_value: int) -> Any:
-    def parse(value: object, name: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-                value = int(value)
-            else:
-                raise ConfigError(f"{name}: expected an integer >= {min_value}, got {value!r}")
-        if value < min_value:
-            raise ConfigError(f"{name}: must be >= {min_value}, got {value}")
-        return value
+def _flat(flat_key: str) -> Any:
+    """The parser of a flat key: that of the tier key it stands for, in its kind."""
+    kind, key = FLAT_KEYS[flat_key]
 
+    def parse(value: object, name: str) -> Any:
+        if flat_key == "disk_path" and value == "":
+            return None  # an empty disk_path disables the disk tier, as null does
+        cls = TierSpec if key in option_keys(TierSpec) else tier_kind(kind).options
+        return parse_fields(cls, {key: value}, lambda _: name)[key]
+
+    if key == "capacity":
+        parse.__name__ = "size"  # a byte size (the option reference prints it so)
     return parse
-
-
-def _choice(choices: tuple[str, ...]) -> Any:
-    def parse(value: object, name: str) -> str:
-        if value not in choices:
-            raise ConfigError(f"{name}: got {value!r}; accepted values: {', '.join(choices)}")
-        return str(value)
-
-    return parse
-
-
-def _opt_choice(choices: tuple[str, ...]) -> Any:
-    parse = _choice(choices)
-
-    def parse_opt(value: object, name: str) -> str | None:
-        return None if value is None else parse(value, name)
-
-    return parse_opt
-
-
-def _size(value: object, name: str) -> int:
-    if not isinstance(value, (str, int, float)):
-        raise ConfigError(f"{name}: expected a byte size such as '8GiB', got {value!r}")
-    return parse_size(value, name=name)
-
-
-def _bool(value: object, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
-        return value.lower() in ("true", "1")
-    raise ConfigError(f"{name}: expected true or false, got {value!r}")
-
-
-def _opt_path(value: object, name: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value or None
-    raise ConfigError(f"{name}: expected a directory path or null, got {value!r}")
-
-
-_FAULT_KEYS: dict[str, type] = {
-    "seed": int,
-    "read_fail_rate": float,
-    "write_fail_rate": float,
-    "fail_all_reads": bool,
-    "fail_all_writes": bool,
-    "slow_rate": float,
-    "slow_seconds": float,
-    "rows": bool,
-    "disk": dict,
-}
 
 
 def _faults(value: object, name: str) -> dict[str, Any] | None:
+    """``fault_injection``: a fault plan's keys, plus "disk" (another plan's)."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise ConfigError(f"{name}: expected a mapping or null, got {value!r}")
-    out: dict[str, Any] = {}
-    for key, v in value.items():
-        kind = _FAULT_KEYS.get(key)
-        if kind is dict and name.endswith(".disk"):
-            kind = None  # no nesting below "disk"
-        if kind is dict:
-            out[key] = _faults(v, f"{name}.{key}")
-            continue
-        if kind is None:
-            raise ConfigError(
-                f"{name}: unknown key {key!r}; accepted keys: {', '.join(sorted(_FAULT_KEYS))}"
-            )
-        if kind is float and isinstance(v, (int, float)) and not isinstance(v, bool):
-            if not 0.0 <= float(v) <= 1.0:
-                raise ConfigError(f"{name}.{key}: must be within [0, 1], got {v!r}")
-            out[key] = float(v)
-        elif isinstance(v, kind) and not (kind is int and isinstance(v, bool)):
-            out[key] = v
-        else:
-            raise ConfigError(f"{name}.{key}: expected {kind.__name__}, got {v!r}")
+    top = {k: v for k, v in value.items() if k != "disk"}
+    plan = parse_faults(top, name)
+    out: dict[str, Any] = {k: getattr(plan, k) for k in top}
+    if "disk" in value:
+        disk = value["disk"]
+        if not isinstance(disk, Mapping):
+            raise ConfigError(f"{name}.disk: expected a mapping, got {disk!r}")
+        plan = parse_faults(disk, f"{name}.disk")
+        out["disk"] = {k: getattr(plan, k) for k in disk}
     return out
 
 
-def _text(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{name}: expected a string, got {value!r}")
-    return value
-
-
-def _opt_text(value: object, name: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{name}: expected a non-empty string or null, got {value!r}")
-    return value
-
-
 _PARSERS: dict[str, Any] = {
-    "chunk_tokens": _int(0),
-    "cpu_bytes": _size,
-    "eviction": _eviction,
-    "disk_eviction": _opt_eviction,
-    "admission_min_seen": _int(1),
+    "chunk_tokens": integer(0),
+    "cpu_bytes": _flat("cpu_bytes"),
+    "eviction": choice(eviction_names),
+    "disk_eviction": _flat("disk_eviction"),
+    "admission_min_seen": integer(1),
     "sync_budget": lambda v, n: SyncBudget.parse(v, name=n),
-    "disk_path": _opt_path,
-    "disk_bytes": _size,
-    "disk_write_policy": _choice(WRITE_POLICIES),
-    "disk_threads": _int(1),
-    "namespace": _text,
-    "key_secret_env": _opt_text,
-    "key_secret_file": _opt_text,
-    "store_output_tokens": _bool,
-    "events_remote": _bool,
+    "disk_path": _flat("disk_path"),
+    "disk_bytes": _flat("disk_bytes"),
+    "disk_write_policy": choice(WRITE_POLICIES),
+    "disk_threads": _flat("disk_threads"),
+    "namespace": text,
+    "key_secret_env": opt_nonempty,
+    "key_secret_file": opt_nonempty,
+    "store_output_tokens": boolean,
+    "events_remote": boolean,
     "tiers": _tiers,
     "fault_injection": _faults,
 }

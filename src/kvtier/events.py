@@ -144,7 +144,7 @@ class TierEvents:
         self.unknown = 0
         """Readable chunks not announced for want of an identity (restored at start)."""
         for t, tier in enumerate(stack.tiers):
-            if tier.shared and not shared:
+            if (tier.shared and not shared) or not tier.capabilities.events:
                 continue
             tier.index.listener = (_SharedListener if tier.shared else _Listener)(self, t)
             if not tier.shared:

@@ -16,6 +16,9 @@ EvictionFactory = Callable[[int], EvictionPolicy]
 """Builds a policy for a tier of ``capacity`` chunks."""
 
 _EVICTION: dict[str, EvictionFactory] = {}
+DEFAULT_EVICTION = "adaptive"
+"""The policy of a tier that names none, when no config says otherwise (the config's
+``eviction`` default)."""
 
 
 def register_eviction(name: str, factory: EvictionFactory) -> None:

@@ -1,2 +1,3 @@
-"""The tier stack: specs, the registry of tier kinds, the stack, movement between tiers and
-the job table (the scheduler side's control plane)."""
+"""The tier stack: specs and their parsing, tier kinds (their contract, options and
+capabilities) and their registry, the builders, the stack, movement between tiers and the
+job table (the scheduler side's control plane)."""

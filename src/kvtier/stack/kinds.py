@@ -1,6 +1,14 @@
-"""What a tier kind is (:class:`TierKind`) and what building one needs (:class:`TierContext`).
+"""What a tier kind is (:class:`TierKind`), what it can do (:class:`Capabilities`) and what
+building one needs (:class:`TierContext`).
 
-Kept apart from the registry so the modules defining kinds import nothing but this.
+The one tier contract: a kind builds, from a :class:`~kvtier.stack.spec.TierSpec`, the
+scheduler side's :class:`~kvtier.tiers.base.TierIndex` and every worker's
+:class:`~kvtier.tiers.base.SlotStore` (see :mod:`kvtier.tiers.base` for what each must
+do). The suite in :mod:`kvtier.conformance` checks a kind against it; docs/tiers.md says
+how to add one.
+
+Kept apart from the registry so the modules defining kinds import nothing but this, the
+spec and the tier contract (never the config).
 """
 
 from __future__ import annotations
@@ -10,19 +18,43 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvtier.keys import Namespace
+from kvtier.options import Label
 from kvtier.sources import HitSource
+from kvtier.stack.spec import TierOptions, TierSpec
 
 if TYPE_CHECKING:
-    from kvtier.config import KVTierConfig
-    from kvtier.stack.spec import TierSpec
     from kvtier.tiers.base import SlotStore, TierIndex
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a tier of some kind can do; the stack, the connector and the events read these
+    instead of testing kinds by name."""
+
+    shared: bool = False
+    """Other engines write the store and it evicts on its own: the index is key-addressed
+    (no slots, no pins, no prefix closure; lookups probe and may answer "not yet"), the
+    tier must be the last of the stack and its hits report source p2p by default. Its
+    index's ``shared`` must say the same."""
+    persistent: bool = False
+    """What it holds outlives the engine: a new engine on the same store (same
+    namespace) finds the chunks a previous one stored (a disk tier's files, a Redis
+    server)."""
+    byte_addressable: bool = False
+    """Its chunks are bytes in this process's host memory that the engine copies to and
+    from directly (the CPU tier's slab): KV events report medium "CPU" for it."""
+    sync_loads: bool = False
+    """A hit served from it may load within the engine step (fast host memory)."""
+    events: bool = True
+    """Its index tells a listener (:class:`~kvtier.tiers.base.IndexListener`) when chunks
+    become readable and when they leave, so the connector can publish tier events. A
+    shared index tells what this engine sees (its own stores, failed checks)."""
 
 
 @dataclass(frozen=True)
 class TierContext:
     """What a kind needs besides its spec to build an index or a store."""
 
-    config: KVTierConfig
     chunk_bytes: int
     """Payload bytes of one chunk."""
     namespace: Namespace
@@ -34,8 +66,8 @@ class TierContext:
     world: int = 1
     """Ranks that each store their shard of every chunk (tensor parallel size)."""
     rank_dirs: bool = True
-    """Disk: one subdirectory per rank under the tier's path (the connector); False opens
-    the path itself (single-process tools and tests)."""
+    """Kinds with files: one subdirectory per rank under the tier's path (the connector);
+    False opens the path itself (single-process tools and tests)."""
     restore: bool = True
     """Scheduler side: rebuild persistent tiers' indexes from what they hold (False: the
     simulator, which has no data)."""
@@ -44,23 +76,37 @@ class TierContext:
     geometry, so both sides count the same slots even if the engine's chunk differs."""
 
     def capacity_chunks(self, spec: TierSpec, default: int) -> int:
+        """Chunks the spec's capacity holds (``default`` bytes when it names none)."""
         nbytes = spec.capacity if spec.capacity is not None else default
         unit = self.sizing_bytes or self.chunk_bytes
         return nbytes // unit if unit else 0
 
-    def eviction(self, spec: TierSpec) -> str:
-        return spec.eviction or self.config.eviction
+
+def fixed(caps: Capabilities) -> Callable[[TierSpec], Capabilities]:
+    """The capabilities of a kind whose options do not change them."""
+    return lambda spec: caps
 
 
 @dataclass(frozen=True)
 class TierKind:
-    """A kind of tier: its defaults and how to build each side of it."""
+    """A kind of tier: its options, defaults and capabilities, and how to build each side
+    of it (see the module docstring)."""
 
     name: str
     source: HitSource
     """Hit source of its hits unless the spec names another."""
-    sync_loads: bool
-    """Whether a hit served from it may load within the step (fast host memory)."""
     make_index: Callable[[TierSpec, TierContext], TierIndex]
     make_store: Callable[[TierSpec, TierContext], SlotStore]
-    default_capacity: Callable[[KVTierConfig], int]
+    default_capacity: int
+    """Bytes per device when the spec names no capacity."""
+    capabilities: Callable[[TierSpec], Capabilities]
+    """What a tier of this spec can do (:func:`fixed` when the options change nothing)."""
+    options: type[TierOptions] = TierOptions
+    """The kind's own options: their keys, defaults, parsers and docs (its fields)."""
+    check: Callable[[TierSpec, Label], TierSpec] | None = None
+    """Checks that need several options or the outside world (a URL parses, a secret
+    loads), run when a config is parsed; returns the spec to use. ConfigError names the
+    option with ``label(key)``."""
+    files: Callable[[TierSpec, TierContext, int], str] | None = None
+    """Kinds keeping files on this machine: the directory of one rank (soak's fault
+    injector and ``kvtier inspect`` read it); None for the others."""

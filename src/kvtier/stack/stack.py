@@ -13,29 +13,35 @@ and the store planner ask; it never plans a job itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtier.errors import ConfigError
 from kvtier.keys import Key
 from kvtier.sources import HitSource
+from kvtier.stack.kinds import Capabilities
 from kvtier.stack.spec import TierSpec
 from kvtier.tiers.base import Pending, TierIndex
 
 
 @dataclass(frozen=True)
 class StackTier:
-    """One tier as the scheduler sees it: a name, a hit source, its index and its spec."""
+    """One tier as the scheduler sees it: a name, a hit source, its index, its spec and
+    what its kind can do."""
 
     name: str
     source: HitSource
     index: TierIndex
     spec: TierSpec
-    sync_loads: bool = False
-    """Hits served from it may load within the step (host memory)."""
+    capabilities: Capabilities = field(default_factory=Capabilities)
 
     @property
     def shared(self) -> bool:
         return self.index.shared
+
+    @property
+    def sync_loads(self) -> bool:
+        """Hits served from it may load within the step (host memory)."""
+        return self.capabilities.sync_loads
 
 
 class TierStack:

@@ -1,23 +1,7 @@
-"""Tiers: where evicted KV chunks live (CPU, disk, ...)."""
+"""Tiers: where KV chunks live outside the engine (CPU, disk, Redis, ...).
 
-from kvtier.tiers.base import Segments, SlotStore, Tier
-from kvtier.tiers.cpu import CpuSlab, CpuTier
-from kvtier.tiers.faulty import FaultPlan, FaultyStore, faulty_tier
-from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.memory import DictStore, MemoryTier
-from kvtier.tiers.slot_tier import SlotTier
-
-__all__ = [
-    "CpuSlab",
-    "CpuTier",
-    "DictStore",
-    "FaultPlan",
-    "FaultyStore",
-    "MemoryTier",
-    "Segments",
-    "SlotIndex",
-    "SlotStore",
-    "SlotTier",
-    "Tier",
-    "faulty_tier",
-]
+The contract every kind implements is in :mod:`kvtier.tiers.base` (index + store), the
+kinds in :mod:`kvtier.tiers.cpu`, :mod:`kvtier.tiers.disk`, :mod:`kvtier.tiers.memory` and
+:mod:`kvtier.tiers.remote`, the fault wrapper in :mod:`kvtier.tiers.faulty`. This package
+imports none of them, so that importing the contract pulls in no kind.
+"""

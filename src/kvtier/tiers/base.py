@@ -1,15 +1,17 @@
-"""The tier contract.
+"""The tier contract: the one every tier kind implements.
 
 A tier stores fixed-size *chunks* (``chunk_bytes`` each) under ``KEY_BYTES``-byte keys
 (:mod:`kvtier.keys`). Chunks form chains: chunk i's parent is chunk i-1 of the same token
-sequence. Two interfaces:
+sequence. Inside an engine the scheduler and the workers may be different processes, so a
+tier is two objects, both built by its kind (:class:`kvtier.stack.kinds.TierKind`):
 
-- :class:`Tier`, the whole tier in one process: what a direct user, the simulator and the
-  conformance suite (``kvtier.testing``) use.
-- The split used inside an engine, where scheduler and workers may be different processes:
-  the scheduler owns a :class:`~kvtier.tiers.index.SlotIndex` (keys, states, eviction) and
-  every worker owns a :class:`SlotStore` (the bytes of each slot). The scheduler decides
-  which slot a chunk goes to; the worker only moves bytes.
+- the scheduler owns a :class:`TierIndex` (keys, states, eviction: which chunk is where);
+- every worker owns a :class:`SlotStore` (the bytes of each slot, its rank's shard).
+
+The scheduler decides which slot a chunk goes to; the worker only moves bytes. The suite in
+:mod:`kvtier.conformance` checks a kind against this contract (docs/tiers.md);
+:class:`kvtier.tiers.slot_tier.SlotTier` composes the two in one process for tools and
+tests (a convenience, not another contract).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from typing import Literal, Protocol
 import torch
 
 from kvtier.keys import Key
-from kvtier.sources import HitSource
 
 Segments = Sequence[tuple[int, torch.Tensor]]
 """Where one chunk's bytes go (or come from): ``(offset, tensor)`` pairs, each a 1-D uint8
@@ -243,54 +244,3 @@ class SlotStore(ABC):
 
     def close(self) -> None:
         """Release resources; idempotent."""
-
-
-class Tier(ABC):
-    """A whole tier in one process.
-
-    Contract:
-    - ``put(keys, data, parent)`` stores ``data[i]`` under ``keys[i]``, where ``keys`` is a
-      chain continuing ``parent`` (None for a chain start). It returns how many leading
-      chunks are now stored; chunks after the first refusal are refused too (a tier never
-      holds a chunk whose parent it lacks). A refusal means: no room that eviction could
-      free, a refused parent, or a failed write. Keys already present count as stored.
-      Atomic per chunk: a chunk is either fully readable or absent.
-    - ``get(keys, out)`` reads chunk i into ``out[i]`` and returns how many leading chunks
-      were read correctly. Bytes past that count are unspecified. A tier never reports
-      success for bytes that differ from what was put.
-    - ``prefix_len(keys)`` is how many leading keys are present.
-    - Ownership: ``data`` is copied during ``put``; ``out`` belongs to the caller.
-    - Thread-safety: every method may be called from several threads.
-    - ``close()`` is idempotent; other methods raise TierError after it.
-    """
-
-    name: str
-    source: HitSource
-    chunk_bytes: int
-    capacity_chunks: int
-
-    @abstractmethod
-    def put(self, keys: Sequence[Key], data: torch.Tensor, parent: Key | None = None) -> int:
-        """Store a chain of chunks; ``data`` is uint8 ``[len(keys), chunk_bytes]``."""
-
-    @abstractmethod
-    def get(self, keys: Sequence[Key], out: torch.Tensor) -> int:
-        """Read chunks into uint8 ``out[len(keys), chunk_bytes]``."""
-
-    @abstractmethod
-    def prefix_len(self, keys: Sequence[Key]) -> int:
-        """Leading keys present."""
-
-    def contains(self, key: Key) -> bool:
-        return self.prefix_len([key]) == 1
-
-    @abstractmethod
-    def delete(self, keys: Sequence[Key]) -> None:
-        """Remove keys (and, to keep chains whole, their descendants)."""
-
-    @abstractmethod
-    def __len__(self) -> int:
-        """Chunks stored."""
-
-    @abstractmethod
-    def close(self) -> None: ...

@@ -20,12 +20,11 @@ import numpy as np
 import torch
 
 from kvtier.keys import Key
-from kvtier.policies.registry import make_eviction_policy
+from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import TierKind
+from kvtier.stack.kinds import Capabilities, TierKind, fixed
 from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.slot_tier import SlotTier
 from kvtier.transfer.copy import copy_segments, gather_rows, scatter_rows
 from kvtier.transfer.host_memory import SLICE_BYTES, HostBuffer, cuda_available
 
@@ -193,25 +192,28 @@ def _region_of(offsets: list[int], p: int) -> int:
     return r
 
 
-class CpuTier(SlotTier):
-    """The CPU tier in one process: a SlotIndex over a CpuSlab of plain chunks."""
-
-    def __init__(self, capacity_bytes: int, chunk_bytes: int, eviction: str = "lru") -> None:
-        num_slots = capacity_bytes // chunk_bytes if chunk_bytes else 0
-        index = SlotIndex(num_slots, make_eviction_policy(eviction, num_slots))
-        super().__init__("cpu", HitSource.HOST, index, CpuSlab.flat_chunks(num_slots, chunk_bytes))
+DEFAULT_CAPACITY = 4 << 30
+"""Bytes of a cpu tier that names no capacity (the flat key ``cpu_bytes``'s default too)."""
 
 
 def _index(spec: TierSpec, ctx: TierContext) -> SlotIndex:
-    n = ctx.capacity_chunks(spec, ctx.config.cpu_bytes)
-    return SlotIndex(n, make_eviction_policy(ctx.eviction(spec), n))
+    n = ctx.capacity_chunks(spec, DEFAULT_CAPACITY)
+    return SlotIndex(n, make_eviction_policy(spec.eviction or DEFAULT_EVICTION, n))
 
 
 def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
-    n = ctx.capacity_chunks(spec, ctx.config.cpu_bytes)
+    n = ctx.capacity_chunks(spec, DEFAULT_CAPACITY)
     if ctx.row_bytes:
         return CpuSlab(n, ctx.row_bytes, ctx.blocks_per_chunk)
     return CpuSlab.flat_chunks(n, ctx.chunk_bytes)
 
 
-KIND = TierKind("cpu", HitSource.HOST, True, _index, _store, lambda c: c.cpu_bytes)
+KIND = TierKind(
+    "cpu",
+    HitSource.HOST,
+    _index,
+    _store,
+    DEFAULT_CAPACITY,
+    fixed(Capabilities(byte_addressable=True, sync_loads=True)),
+)
+"""Host memory: no options of its own (its capacity and eviction are common keys)."""

@@ -1,5 +1,11 @@
 """Fault injection: a SlotStore wrapper that fails chosen keys or operations.
 
+The wrapper is chosen by configuration (a tier's ``faults``, or the flat
+``fault_injection``) and put around the kind's store by the builder
+(:func:`kvtier.stack.build.make_store`); no real tier has fault code of its own. Its
+failures are clean by the store contract (per chunk, never a success for wrong bytes), which
+the conformance suite checks (:mod:`kvtier.conformance`).
+
 Failures are decided per chunk from a seeded RNG (rates) and/or explicit key sets, so a
 test can say "fail every read of chunk 3" or "fail 20% of writes, seed 7" and replay the
 same faults. A failed read also scribbles over its destination, as a half-finished copy
@@ -21,39 +27,17 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from kvtier.keys import Key
 from kvtier.tiers.base import Segments, SlotStore
-from kvtier.tiers.slot_tier import SlotTier
+from kvtier.tiers.fault_plan import FaultPlan
+
+__all__ = ["FaultPlan", "FaultyStore", "InjectedFault"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FaultPlan:
-    """Which operations fail."""
-
-    seed: int = 0
-    read_fail_rate: float = 0.0
-    """Probability that reading one chunk fails."""
-    write_fail_rate: float = 0.0
-    """Probability that writing one chunk fails."""
-    fail_read_keys: set[Key] = field(default_factory=set)
-    """Reads of these keys always fail."""
-    fail_write_keys: set[Key] = field(default_factory=set)
-    """Writes of these keys always fail."""
-    fail_all_reads: bool = False
-    fail_all_writes: bool = False
-    slow_rate: float = 0.0
-    """Probability that one operation (a batch read/write, a row copy) is slow."""
-    slow_seconds: float = 0.05
-    """How long a slow operation sleeps before it runs."""
-    rows: bool = False
-    """Keep the inner store's batched row path; faults then fail whole row copies."""
 
 
 class InjectedFault(RuntimeError):
@@ -68,6 +52,7 @@ class FaultyStore(SlotStore):
         self.plan = plan
         self.num_slots = inner.num_slots
         self.slot_bytes = inner.slot_bytes
+        self.addressing = inner.addressing
         self._rng = random.Random(plan.seed)
         self._lock = threading.Lock()
         self.failed_reads = 0
@@ -157,10 +142,8 @@ class FaultyStore(SlotStore):
                 self.failed_reads += 1
             raise InjectedFault(f"injected: row load from slab row {slab_row} failed")
 
+    def take_counters(self) -> dict[str, float]:
+        return self.inner.take_counters()
+
     def close(self) -> None:
         self.inner.close()
-
-
-def faulty_tier(tier: SlotTier, plan: FaultPlan) -> SlotTier:
-    """The same tier with its store wrapped in a FaultyStore."""
-    return SlotTier(tier.name, tier.source, tier.index, FaultyStore(tier.store, plan))

@@ -9,22 +9,25 @@ is a key-addressed store other engines write and that evicts on its own
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvtier.errors import ConfigError
 from kvtier.keys import Key
-from kvtier.policies.registry import make_eviction_policy
+from kvtier.options import Label, boolean, delay_ms, opt_nonempty, option
+from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import TierKind
+from kvtier.stack.kinds import Capabilities, TierKind
+from kvtier.stack.spec import TierOptions, TierSpec
 from kvtier.tiers.base import Segments, SlotStore, TierIndex
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.remote.options import masked_url
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore, shared_space
-from kvtier.tiers.slot_tier import SlotTier
 
 if TYPE_CHECKING:
     from kvtier.stack.kinds import TierContext
-    from kvtier.stack.spec import TierSpec
 
 
 class DictStore(SlotStore):
@@ -67,38 +70,80 @@ class DictStore(SlotStore):
         self._data.clear()
 
 
-class MemoryTier(SlotTier):
-    """A tier of ``capacity_chunks`` chunks held in a dict."""
+@dataclass(frozen=True)
+class MemoryOptions(TierOptions):
+    """Options of a memory tier."""
 
-    def __init__(
-        self,
-        capacity_chunks: int,
-        chunk_bytes: int,
-        eviction: str = "lru",
-        source: HitSource = HitSource.HOST,
-        name: str = "memory",
-    ) -> None:
-        index = SlotIndex(capacity_chunks, make_eviction_policy(eviction, capacity_chunks))
-        super().__init__(name, source, index, DictStore(capacity_chunks, chunk_bytes))
+    shared: bool = option(False, boolean)
+    """A store other engines write and that evicts on its own: no prefix closure, lookups
+    probe keys and stop at the first miss, no pins (the stand-in for a remote tier)."""
+    url: str | None = option(None, opt_nonempty)
+    """A shared tier's space: ``memory://NAME`` names an in-process shared space, so two
+    engines in one process share it; default ``memory://`` + the tier's name."""
+    lookup_delay_ms: float = option(0.0, delay_ms)
+    """Testing: a shared tier's lookups answer "not yet" until this long after they were
+    first asked (the connector then asks vLLM to retry the request later)."""
+
+    def shown(self) -> dict[str, Any]:
+        out = super().shown()
+        if self.url:
+            out["url"] = masked_url(self.url)
+        return out
+
+
+DEFAULT_CAPACITY = 64 << 20
+
+
+def _opts(spec: TierSpec) -> MemoryOptions:
+    assert isinstance(spec.options, MemoryOptions), spec
+    return spec.options
+
+
+def _check(spec: TierSpec, label: Label) -> TierSpec:
+    opts = _opts(spec)
+    if opts.lookup_delay_ms and not opts.shared:
+        raise ConfigError(
+            f"{label('lookup_delay_ms')}: only a shared tier's lookups can wait, got "
+            f"{opts.lookup_delay_ms!r} on a private one"
+        )
+    return spec
 
 
 def _shared(spec: TierSpec, ctx: TierContext) -> SharedSpace:
-    return shared_space(spec.url or f"memory://{spec.label}", ctx.capacity_chunks(spec, 64 << 20))
+    url = _opts(spec).url or f"memory://{spec.label}"
+    return shared_space(url, ctx.capacity_chunks(spec, DEFAULT_CAPACITY))
 
 
 def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
-    if spec.shared:
-        return ProbeIndex(_shared(spec, ctx), ctx.world, spec.lookup_delay_ms / 1e3)
-    n = ctx.capacity_chunks(spec, 64 << 20)
-    return SlotIndex(n, make_eviction_policy(ctx.eviction(spec), n))
+    opts = _opts(spec)
+    if opts.shared:
+        return ProbeIndex(_shared(spec, ctx), ctx.world, opts.lookup_delay_ms / 1e3)
+    n = ctx.capacity_chunks(spec, DEFAULT_CAPACITY)
+    return SlotIndex(n, make_eviction_policy(spec.eviction or DEFAULT_EVICTION, n))
 
 
 def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
-    if spec.shared:
+    if _opts(spec).shared:
         return SharedStore(
             _shared(spec, ctx), ctx.chunk_bytes, ctx.namespace.digest(), ctx.namespace.rank
         )
-    return DictStore(ctx.capacity_chunks(spec, 64 << 20), ctx.chunk_bytes)
+    return DictStore(ctx.capacity_chunks(spec, DEFAULT_CAPACITY), ctx.chunk_bytes)
 
 
-KIND = TierKind("memory", HitSource.HOST, False, _index, _store, lambda c: 64 << 20)
+def _capabilities(spec: TierSpec) -> Capabilities:
+    if _opts(spec).shared:
+        return Capabilities(shared=True)
+    return Capabilities(byte_addressable=True)
+
+
+KIND = TierKind(
+    "memory",
+    HitSource.HOST,
+    _index,
+    _store,
+    DEFAULT_CAPACITY,
+    _capabilities,
+    MemoryOptions,
+    _check,
+)
+"""Chunks in a dict: private (a slot tier) or, with ``shared``, a key-addressed space."""

@@ -1,4 +1,12 @@
-"""A whole tier from a SlotIndex (keys) and a SlotStore (bytes)."""
+"""A whole tier in one process: a convenience adapter over the one tier contract.
+
+Not a second contract: a kind implements :class:`~kvtier.tiers.base.TierIndex` and
+:class:`~kvtier.tiers.base.SlotStore` (built by its ``TierKind``) and nothing else.
+:class:`SlotTier` composes an authoritative index and its store behind one lock, with the
+calls a single-process tool or test wants (``put`` / ``get`` a chain of whole chunks), doing
+what the engine's scheduler and worker do between them: reserve, write, commit; hold, read,
+release, invalidate what failed.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +18,27 @@ import torch
 from kvtier.errors import TierError
 from kvtier.keys import Key
 from kvtier.sources import HitSource
-from kvtier.tiers.base import SlotStore, Tier
-from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.base import SlotStore, TierIndex
 
 
-class SlotTier(Tier):
-    """Composes the scheduler-side index and the worker-side store in one process.
+class SlotTier:
+    """An authoritative tier's index and store in one process.
 
-    One lock guards the index; copies run outside it, protected by the slot states
-    (a slot being written is STORING, a slot being read is pinned).
+    - ``put(keys, data, parent)`` stores ``data[i]`` under ``keys[i]`` (a chain continuing
+      ``parent``) and returns how many leading keys are now stored; keys present already
+      count, chunks after the first refusal are refused (no room, a refused parent, a
+      failed write).
+    - ``get(keys, out)`` reads chunk i into ``out[i]`` and returns how many leading chunks
+      were read correctly; a chunk that fails its read leaves the tier with its
+      descendants.
+    - Thread-safe: one lock guards the index; copies run outside it, protected by the
+      slot states (a slot being written is reserved, a chain being read is held).
+    - ``close()`` is idempotent; the other methods raise TierError after it.
     """
 
-    def __init__(self, name: str, source: HitSource, index: SlotIndex, store: SlotStore) -> None:
+    def __init__(self, name: str, source: HitSource, index: TierIndex, store: SlotStore) -> None:
+        if index.shared:
+            raise TypeError("SlotTier composes an authoritative index, not a shared one")
         self.name = name
         self.source = source
         self.index = index
@@ -39,7 +56,7 @@ class SlotTier(Tier):
         self._check_open()
         _check_data(data, len(keys), self.chunk_bytes)
         with self._lock:
-            present = self.index.prefix_len(keys, any_state=True)
+            present = self.index.stored_len(keys)
             todo = list(keys[present:])
             anchor = keys[present - 1] if present else parent
             slots = self.index.reserve(todo, anchor) if todo else []
@@ -55,35 +72,45 @@ class SlotTier(Tier):
             with self._lock:
                 self.index.commit(todo[:n], ok)
         with self._lock:
-            return self.index.prefix_len(keys, any_state=True)
+            return self.index.stored_len(keys)
 
     def get(self, keys: Sequence[Key], out: torch.Tensor) -> int:
         self._check_open()
         _check_data(out, len(keys), self.chunk_bytes)
         with self._lock:
-            n = self.index.prefix_len(keys)
-            slots = self.index.pin(keys[:n])
+            n = self.index.leading(keys)
+            assert isinstance(n, int)  # an authoritative index answers at once
+            if n == 0:
+                return 0
+            held = self.index.hold(keys[n - 1])
+            slots = self.index.slots_of(keys[:n])
             self.index.touch(keys[:n])
         try:
             ok = self.store.read(slots, keys[:n], [[(0, out[i])] for i in range(n)])
         finally:
-            with self._lock:
-                self.index.unpin(keys[:n])
-        good = n
+            if held:
+                with self._lock:
+                    self.index.release(keys[n - 1])
         for i, success in enumerate(ok):
             if not success:
-                good = i
                 with self._lock:
                     self.index.invalidate(keys[i])
-                break
-        return good
+                return i
+        return n
 
     def prefix_len(self, keys: Sequence[Key]) -> int:
+        """Leading keys readable now."""
         self._check_open()
         with self._lock:
-            return self.index.prefix_len(keys)
+            n = self.index.leading(keys)
+            assert isinstance(n, int)
+            return n
+
+    def contains(self, key: Key) -> bool:
+        return self.prefix_len([key]) == 1
 
     def delete(self, keys: Sequence[Key]) -> None:
+        """Remove keys and, to keep chains whole, their descendants."""
         self._check_open()
         with self._lock:
             for key in keys:

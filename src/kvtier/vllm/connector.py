@@ -44,10 +44,9 @@ from kvtier.keysecret import read_key_secret
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.metrics import Metrics
-from kvtier.stack.registry import TierContext, build_stack, build_stores
+from kvtier.stack.build import build_stack, build_stores, tier_files
+from kvtier.stack.kinds import TierContext
 from kvtier.stack.stack import TierStack
-from kvtier.tiers.disk.kind import rank_dir
-from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
@@ -126,7 +125,6 @@ class _Setup:
         """What the tier registry needs: rank 0 on the scheduler, the worker's own rank
         (and its engine's row and chunk sizes) on a worker."""
         return TierContext(
-            self.config,
             chunk_bytes or self.chunk_bytes,
             self.namespace.for_rank(rank),
             self.blocks_per_chunk,
@@ -136,12 +134,9 @@ class _Setup:
         )
 
     def disk_dir(self, rank: int) -> str | None:
-        """The first disk tier's directory for one tensor-parallel rank (each rank owns its
-        shard's slab files); None without a disk tier."""
-        for spec in self.config.tier_specs():
-            if spec.kind == "disk" and spec.path:
-                return rank_dir(spec, self.context(rank), rank)
-        return None
+        """The files of one tensor-parallel rank (each rank owns its shard's slab files) of
+        the first tier that keeps files here (a disk tier); None without one."""
+        return tier_files(self.config, self.context(rank), rank)
 
 
 def _log_start(s: _Setup, stack: TierStack) -> None:
@@ -397,15 +392,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 s.chunk_bytes,
             )
         ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
-        stores = build_stores(s.config, ctx)
+        stores = build_stores(s.config, ctx)  # fault wrappers included, if configured
         timeline.event("worker.register", phase="stores")
-        faults = dict(s.config.fault_injection or {})
-        disk_faults = faults.pop("disk", None)
-        first = next(iter(stores))
-        if faults:
-            stores[first] = FaultyStore(stores[first], FaultPlan(**faults))
-        if disk_faults and "disk" in stores:
-            stores["disk"] = FaultyStore(stores["disk"], FaultPlan(**disk_faults))
         engine = TransferEngine(regions, stores, s.blocks_per_chunk)
         self.worker = WorkerSide(engine)
         timeline.event("worker.register", phase="ready", load_bandwidth=engine.load_bandwidth)

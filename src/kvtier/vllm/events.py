@@ -55,9 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvtier")
 
-HOST_MEMORY_KINDS = ("cpu", "memory")
-"""Tier kinds whose chunks live in host memory: medium "CPU" (when not shared)."""
-
 
 def events_enabled(vllm_config: VllmConfig) -> bool:
     """Whether the engine publishes KV events (``--kv-events-config`` with events on)."""
@@ -69,7 +66,7 @@ def tier_medium(tier: StackTier) -> tuple[str, str | None]:
     """``(medium, locality)`` of a tier's events."""
     if tier.shared:
         return MEDIUM_STORAGE, "REMOTE"
-    if tier.spec.kind in HOST_MEMORY_KINDS:
+    if tier.capabilities.byte_addressable:  # chunks in this host's memory
         return MEDIUM_CPU, None
     return MEDIUM_STORAGE, None
 

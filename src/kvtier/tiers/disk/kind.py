@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
-from kvtier.policies.registry import make_eviction_policy
+from kvtier.options import integer, opt_nonempty, option
+from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.registry import TierContext, TierKind
-from kvtier.stack.spec import TierSpec
+from kvtier.stack.kinds import Capabilities, TierContext, TierKind, fixed
+from kvtier.stack.spec import TierOptions, TierSpec
 from kvtier.tiers.base import SlotStore, TierIndex
 from kvtier.tiers.disk.restore import restore_index
 from kvtier.tiers.disk.slab import DiskSlab
@@ -16,19 +18,39 @@ from kvtier.tiers.index import SlotIndex
 
 log = logging.getLogger("kvtier")
 
+DEFAULT_CAPACITY = 16 << 30
+"""Bytes of a disk tier that names no capacity (the flat key ``disk_bytes``'s default too)."""
+
+
+@dataclass(frozen=True)
+class DiskOptions(TierOptions):
+    """Options of a disk tier."""
+
+    path: str | None = option(None, opt_nonempty, "a disk tier needs a directory")
+    """Directory of the slab files (required); each tensor-parallel rank gets its own
+    subdirectory."""
+    threads: int = option(4, integer(1))
+    """I/O threads."""
+
+
+def _opts(spec: TierSpec) -> DiskOptions:
+    assert isinstance(spec.options, DiskOptions), spec
+    return spec.options
+
 
 def rank_dir(spec: TierSpec, ctx: TierContext, rank: int) -> str:
     """The directory of one tensor-parallel rank (each owns its shard's slab files)."""
-    assert spec.path
+    path = _opts(spec).path
+    assert path
     if not ctx.rank_dirs:
-        return spec.path
-    return os.path.join(spec.path, f"tp{ctx.world}-rank{rank}")
+        return path
+    return os.path.join(path, f"tp{ctx.world}-rank{rank}")
 
 
 def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
-    n = ctx.capacity_chunks(spec, ctx.config.disk_bytes)
-    index = SlotIndex(n, make_eviction_policy(ctx.eviction(spec), n))
-    if ctx.restore and spec.path:
+    n = ctx.capacity_chunks(spec, DEFAULT_CAPACITY)
+    index = SlotIndex(n, make_eviction_policy(spec.eviction or DEFAULT_EVICTION, n))
+    if ctx.restore and _opts(spec).path:
         # Chunks a previous engine wrote (same namespace, rank 0's shard) are found again.
         path = rank_dir(spec, ctx, 0)
         digest = ctx.namespace.for_rank(0).digest()
@@ -38,9 +60,20 @@ def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
 
 
 def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
-    n = ctx.capacity_chunks(spec, ctx.config.disk_bytes)
+    n = ctx.capacity_chunks(spec, DEFAULT_CAPACITY)
     path = rank_dir(spec, ctx, ctx.namespace.rank)
-    return DiskSlab(path, n, ctx.chunk_bytes, ctx.namespace.digest(), spec.threads)
+    return DiskSlab(path, n, ctx.chunk_bytes, ctx.namespace.digest(), _opts(spec).threads)
 
 
-KIND = TierKind("disk", HitSource.DISK, False, _index, _store, lambda c: c.disk_bytes)
+KIND = TierKind(
+    "disk",
+    HitSource.DISK,
+    _index,
+    _store,
+    DEFAULT_CAPACITY,
+    fixed(Capabilities(persistent=True)),
+    DiskOptions,
+    None,
+    rank_dir,
+)
+"""Slab files on a local directory; survives restarts (the index is rebuilt from them)."""

@@ -13,15 +13,18 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from kvtier.errors import ConfigError
+from kvtier.options import Label, prefix_of
 from kvtier.sources import HitSource
-from kvtier.stack.registry import TierContext, TierKind
+from kvtier.stack.kinds import Capabilities, TierContext, TierKind, fixed
 from kvtier.stack.spec import TierSpec
 from kvtier.tiers.base import SlotStore, TierIndex
 from kvtier.tiers.remote.auth import ValueAuth, load_secret
 from kvtier.tiers.remote.client import RemoteClient
 from kvtier.tiers.remote.index import RemoteIndex
 from kvtier.tiers.remote.keyspace import KeySpace
-from kvtier.tiers.remote.secrets import read_password, tls_files
+from kvtier.tiers.remote.options import RedisOptions
+from kvtier.tiers.remote.secrets import check_secrets, check_tls, read_password, tls_files
 from kvtier.tiers.remote.store import RemoteStore
 from kvtier.tiers.remote.url import PASSWORD_ENV, parse_remote_url
 
@@ -29,44 +32,84 @@ DEFAULT_CAPACITY = 1 << 30
 """Nominal only: the server's ``maxmemory`` bounds what it holds, not kvtier."""
 
 
+def options_of(spec: TierSpec) -> RedisOptions:
+    assert isinstance(spec.options, RedisOptions), spec
+    return spec.options
+
+
+def _check(spec: TierSpec, label: Label) -> TierSpec:
+    """A URL that parses, credentials and TLS files that load, a secret that loads."""
+    opts = options_of(spec)
+    name = prefix_of(label)
+    assert opts.url  # a required option
+    try:
+        target = parse_remote_url(opts.url, environ={})
+    except ConfigError as e:  # its message starts "url: ..." and masks credentials
+        raise ConfigError(f"{name}.{e}") from None
+    check_secrets(opts, target, name)
+    check_tls(opts, target, name)
+    # Loaded now to refuse a bad secret before anything is built; again when the tier is.
+    load_secret(opts.secret_env, opts.secret_file, opts.encrypt, name)
+    return spec
+
+
 def client_for(spec: TierSpec) -> RemoteClient:
     """A client on the spec's store: the password from the URL, ``password_file`` or the
     environment (in that order), the TLS files of the spec."""
-    assert spec.url
-    password_env = spec.password_env or PASSWORD_ENV
+    opts = options_of(spec)
+    assert opts.url
+    password_env = opts.password_env or PASSWORD_ENV
     env = dict(os.environ)
-    if spec.password_file:  # the file wins over the environment
+    if opts.password_file:  # the file wins over the environment
         env.pop(password_env, None)
-    target = parse_remote_url(spec.url, password_env=password_env, environ=env)
-    if spec.password_file and not target.password:
-        target = dataclasses.replace(target, password=read_password(spec.password_file))
-    return RemoteClient(target, timeout_s=spec.timeout_ms / 1e3, tls=tls_files(spec))
+    target = parse_remote_url(opts.url, password_env=password_env, environ=env)
+    if opts.password_file and not target.password:
+        target = dataclasses.replace(target, password=read_password(opts.password_file))
+    return RemoteClient(target, timeout_s=opts.timeout_ms / 1e3, tls=tls_files(opts))
 
 
 def secret_for(spec: TierSpec) -> bytes | None:
     """The tier's secret (None without one); ConfigError naming the option otherwise."""
-    return load_secret(spec.secret_env, spec.secret_file, spec.encrypt, f"tier {spec.label!r}")
+    opts = options_of(spec)
+    return load_secret(opts.secret_env, opts.secret_file, opts.encrypt, f"tier {spec.label!r}")
+
+
+def keyspace_for(spec: TierSpec, ctx: TierContext) -> KeySpace:
+    """How the tier names chunks in the store (keyed by its secret, if any)."""
+    return KeySpace(ctx.namespace, secret_for(spec), options_of(spec).encrypt)
 
 
 def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
-    space = KeySpace(ctx.namespace, secret_for(spec), spec.encrypt)
-    return RemoteIndex(client_for(spec), space, ctx.world, spec.probe_wait_ms / 1e3)
+    opts = options_of(spec)
+    space = keyspace_for(spec, ctx)
+    return RemoteIndex(client_for(spec), space, ctx.world, opts.probe_wait_ms / 1e3)
 
 
 def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
+    opts = options_of(spec)
     secret = secret_for(spec)
     digest = ctx.namespace.digest()
-    auth = ValueAuth(secret, spec.encrypt, digest, ctx.chunk_bytes) if secret else None
+    auth = ValueAuth(secret, opts.encrypt, digest, ctx.chunk_bytes) if secret else None
     return RemoteStore(
         client_for(spec),
-        KeySpace(ctx.namespace, secret, spec.encrypt),
+        KeySpace(ctx.namespace, secret, opts.encrypt),
         ctx.chunk_bytes,
         digest,
         ctx.namespace.rank,
         num_slots=ctx.capacity_chunks(spec, DEFAULT_CAPACITY),
-        ttl_s=spec.ttl_s,
+        ttl_s=opts.ttl_s,
         auth=auth,
     )
 
 
-KIND = TierKind("redis", HitSource.P2P, False, _index, _store, lambda c: DEFAULT_CAPACITY)
+KIND = TierKind(
+    "redis",
+    HitSource.P2P,
+    _index,
+    _store,
+    DEFAULT_CAPACITY,
+    fixed(Capabilities(shared=True, persistent=True)),
+    RedisOptions,
+    _check,
+)
+"""Always shared: its index probes, its store is addressed by key."""

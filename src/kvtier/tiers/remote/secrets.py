@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kvtier.stack.spec import TierSpec
+    from kvtier.tiers.remote.options import RedisOptions
     from kvtier.tiers.remote.url import RemoteTarget
 
 log = logging.getLogger("kvtier")
@@ -59,7 +59,7 @@ class TLSFiles:
         }
 
 
-def tls_files(spec: TierSpec) -> TLSFiles:
+def tls_files(spec: RedisOptions) -> TLSFiles:
     return TLSFiles(spec.ssl_ca, spec.ssl_cert, spec.ssl_key, spec.ssl_check_hostname)
 
 
@@ -78,7 +78,7 @@ def read_password(path: str, option: str = "password_file") -> str:
     return password
 
 
-def check_secrets(spec: TierSpec, target: RemoteTarget, name: str) -> None:
+def check_secrets(spec: RedisOptions, target: RemoteTarget, name: str) -> None:
     """Refuse a password given twice or a password file that cannot be read; warn loudly
     (once per URL and process) when the URL itself carries the password."""
     if spec.password_file:
@@ -100,7 +100,7 @@ def check_secrets(spec: TierSpec, target: RemoteTarget, name: str) -> None:
         )
 
 
-def check_tls(spec: TierSpec, target: RemoteTarget, name: str) -> None:
+def check_tls(spec: RedisOptions, target: RemoteTarget, name: str) -> None:
     """TLS options only on a ``rediss://`` URL; cert and key together; every file loads."""
     given = [k for k in ("ssl_ca", "ssl_cert", "ssl_key") if getattr(spec, k)]
     if not spec.ssl_check_hostname:

@@ -29,7 +29,7 @@ from kvtier.tools.bench.text import question
 
 WORKLOADS = ("multi-turn", "doc-qa", "trace", "no-reuse")
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_trace.jsonl"
-"""The Mooncake synthetic trace bundled with kvtier (Apache-2.0; see kvtier/tools/data/README.md)."""
+"""The Mooncake synthetic trace bundled with kvtier (Apache-2.0; see tools/data/README.md)."""
 
 
 @dataclass

@@ -54,8 +54,10 @@ from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest
 from kvtier.policies import eviction_names
-from kvtier.stack.registry import TierContext, build_stack
-from kvtier.stack.spec import TierSpec
+from kvtier.stack.build import build_stack
+from kvtier.stack.kinds import TierContext
+from kvtier.stack.spec import TierOptions, TierSpec
+from kvtier.tiers.disk.kind import DiskOptions
 from kvtier.tools.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     CapacityConfig,
@@ -220,7 +222,13 @@ def _replay_manager(
     else:
         evictions = [eviction] * len(slots)
     specs = tuple(
-        TierSpec("cpu" if t == 0 else "disk", name=names[t], capacity=n, eviction=evictions[t])
+        TierSpec(
+            "cpu" if t == 0 else "disk",
+            name=names[t],
+            capacity=n,
+            eviction=evictions[t],
+            options=TierOptions() if t == 0 else DiskOptions(),  # no files: no data to hold
+        )
         for t, n in enumerate(slots)
     )
     config = KVTierConfig(
@@ -232,7 +240,7 @@ def _replay_manager(
         eviction=eviction,
     )
     ns = Namespace("kvtier-sim", _SIM_LAYOUT.digest())
-    stack = build_stack(config, TierContext(config, 1, ns, restore=False))
+    stack = build_stack(config, TierContext(1, ns, restore=False))
     return CacheManager(config, _SIM_LAYOUT, ns, 1, stack, defer_on_inflight_loads=False)
 
 

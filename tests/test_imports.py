@@ -1,0 +1,142 @@
+"""The runtime (what a vLLM engine imports) imports no tooling, and no import cycle runs
+among its modules.
+
+Every ``import`` counts, wherever it stands: module level, inside a function, under
+``if TYPE_CHECKING``. Importing ``a.b.c`` also runs the packages ``a.b`` and ``a`` (their
+``__init__``), so those are edges too, except from a module inside that package (Python
+has run the package before it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TOOLING = ("kvtier.tools", "kvtier.vllm.harness", "kvtier.testing", "kvtier.conformance")
+TOOLING += ("kvtier.vllm.model_matrix",)  # the model tests' engine runs
+"""Packages that sit on top of the runtime (they may import it, not the other way)."""
+
+
+def module_paths() -> dict[str, Path]:
+    out = {}
+    for path in (SRC / "kvtier").rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The kvtier modules ``name`` makes Python run when it is imported."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+    out: set[str] = set()
+    for target in found:
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            ancestor = ".".join(parts[:i])
+            inside = name == ancestor or name.startswith(ancestor + ".")
+            if ancestor in modules and not inside:
+                out.add(ancestor)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def is_tooling(name: str) -> bool:
+    return any(name == t or name.startswith(t + ".") for t in TOOLING)
+
+
+def runtime_graph(*, keep_tooling: bool = False) -> dict[str, set[str]]:
+    """Each runtime module's kvtier imports (runtime ones only unless ``keep_tooling``)."""
+    modules = module_paths()
+    runtime = {m for m in modules if not is_tooling(m)}
+    targets = set(modules) if keep_tooling else runtime
+    return {m: imports_of(m, modules[m], modules) & targets for m in runtime}
+
+
+def test_the_runtime_imports_no_tooling():
+    wrong = sorted(
+        f"{a} imports {b}"
+        for a, deps in runtime_graph(keep_tooling=True).items()
+        for b in deps
+        if is_tooling(b)
+    )
+    assert not wrong, wrong
+    for path in module_paths().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            assert not any(n == "tests" or n.startswith("tests.") for n in names), path
+
+
+def test_the_graph_sees_function_level_and_type_checking_imports():
+    graph = runtime_graph()
+    assert "kvtier.stack.spec" in graph["kvtier.config"]  # module level
+    assert "kvtier.tiers.faulty" in graph["kvtier.stack.build"]  # inside a function
+    assert "kvtier.config" in graph["kvtier.stack.build"]  # under TYPE_CHECKING
+    assert "kvtier.tiers" in graph["kvtier.stack.spec"]  # a package's __init__ runs
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_among_runtime_modules():
+    found = cycles(runtime_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
