@@ -21,7 +21,8 @@ groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window with att
 sinks; wrong tokens with HMA off on this backend), Qwen3-Next (gated delta net, prefix
 caching on: vLLM's Mamba "align" mode) and the refusal of MLA on this backend (dense
 attention is covered by tests/test_vllm.py with SmolLM2); the rest of the matrix (dense
-layouts, Granite 4.0-H and Falcon-H1 with prefix caching off) is ``slow``.
+layouts, Granite 4.0-H and Falcon-H1 with prefix caching off) is ``slow``. Tensor
+parallel 2 has its own pair of engines (two worker processes each).
 """
 
 from __future__ import annotations

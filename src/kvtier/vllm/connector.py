@@ -193,8 +193,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring).
 
     ``SupportsHMA``: vLLM keeps its hybrid KV-cache manager on, and kvtier serves every
-    KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`) or refuses
-    the layout at start (:mod:`kvtier.vllm.groups`).
+    KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`), refuses the
+    layout at start, or (hybrid recurrent-state models) runs with offload off
+    (:mod:`kvtier.vllm.groups`).
     """
 
     def __init__(
