@@ -90,7 +90,7 @@ def test_refusals_name_the_layout_and_start_with_kvtier():
         kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD,
     )
     cases = {
-        "recurrent-state": _config((full, 1), (mamba, 1)),
+        "recurrent-state model without attention": _config((mamba, 2)),
         "ChunkedLocalAttentionSpec": _config((full, 1), (local, 1)),
         "INT8_PER_TOKEN_HEAD": _config((quant, 2)),
     }
@@ -100,6 +100,28 @@ def test_refusals_name_the_layout_and_start_with_kvtier():
         msg = str(e.value)
         assert msg.startswith("kvtier: ") and needle in msg and "\n" not in msg
         assert "--kv-transfer-config" in msg
+
+
+def test_hybrid_recurrent_model_is_read_with_offload_off():
+    """Attention + Mamba groups: kvtier starts (no refusal) but marks the model recurrent,
+    with one ``kvtier:`` line; the Mamba group enters the layout (and its digest) with its
+    state bytes, never the chunk bytes."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from kvtier.vllm.groups import read_groups
+
+    full = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    mamba = MambaSpec(block_size=32, shapes=((4, 8), (8, 16)), dtypes=(torch.float32,) * 2)
+    g = read_groups(_config((full, 1), (mamba, 3)), cpu=True)
+    assert g.num_groups == 2
+    assert g.recurrent.startswith("kvtier: hybrid recurrent-state model (group 1: MambaSpec")
+    assert "offload is off" in g.recurrent and "\n" not in g.recurrent
+    kinds = [(x.kind, x.num_layers) for x in g.layout.groups]
+    assert kinds == [(AttentionKind.FULL, 1), (AttentionKind.MAMBA, 3)]
+    assert g.layout.groups[1].state_bytes == (4 * 8 + 8 * 16) * 4
+    assert g.layout.chunk_bytes(32) == read_groups(_config((full, 1))).layout.chunk_bytes(32)
+    assert g.layout.digest() != read_groups(_config((full, 1))).layout.digest()
+    assert read_groups(_config((full, 1))).recurrent == ""
 
 
 @given(

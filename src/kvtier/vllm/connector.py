@@ -24,6 +24,7 @@ Step timeline on a worker:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
+from kvtier.keyinputs import KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
 from kvtier.layout import KVLayout
@@ -51,7 +53,7 @@ from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
 from kvtier.vllm.events import ConnectorEvents, events_enabled
-from kvtier.vllm.groups import UnsupportedLayout, read_groups
+from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups
 from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
@@ -119,6 +121,14 @@ class _Setup:
             secret=read_key_secret(self.config),
         )
 
+    def key_inputs(self, request: Request) -> KeyInputs:
+        """The request's key inputs; unkeyable (never a hit nor a store) for every request
+        of a hybrid recurrent-state model, whose hits would lack the state."""
+        inputs = key_inputs(request)
+        if self.groups.recurrent and not inputs.unkeyable:
+            return dataclasses.replace(inputs, unkeyable=RECURRENT)
+        return inputs
+
     def context(
         self, rank: int = 0, row_bytes: tuple[int, ...] = (), chunk_bytes: int = 0
     ) -> TierContext:
@@ -140,6 +150,8 @@ class _Setup:
 
 
 def _log_start(s: _Setup, stack: TierStack) -> None:
+    if s.groups.recurrent:
+        log.warning("%s", s.groups.recurrent)
     log.info(
         "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
         s.namespace.chain_digest().hex(),
@@ -175,8 +187,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring).
 
     ``SupportsHMA``: vLLM keeps its hybrid KV-cache manager on, and kvtier serves every
-    KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`) or refuses
-    the layout at start (:mod:`kvtier.vllm.groups`).
+    KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`), refuses the
+    layout at start, or (hybrid recurrent-state models) runs with offload off
+    (:mod:`kvtier.vllm.groups`).
     """
 
     def __init__(
@@ -239,7 +252,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             request.request_id,
             request.all_token_ids,
             num_computed_tokens,
-            inputs=key_inputs(request),
+            inputs=self.setup.key_inputs(request),
         )
         if hit is None:
             return None, False
@@ -381,6 +394,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         timeline.event("worker.register", phase="start")
         s = self.setup
+        if s.groups.recurrent:
+            return  # offload off (the scheduler logged why): no regions, no tier memory
         kvc = self._kv_cache_config
         dims = require_dims(declared_block_dims(self._vllm_config, kvc, kv_caches))
         regions = _regions(s, kvc, kv_caches, dims)

@@ -11,9 +11,17 @@ with a spec (``vllm.v1.kv_cache_interface``). kvtier serves:
   engine allocated, i.e. those the window of the hit still needs);
 - several such groups at once (gpt-oss, Gemma 3 with HMA on).
 
+Hybrid recurrent-state models (Mamba / linear-attention groups, ``MambaSpec``, next to
+attention groups: Granite 4.0-H, Falcon-H1, Qwen3-Next, Jamba, Bamba) start, with
+offload off (:attr:`GroupKinds.recurrent`): a hit restores a request only if the
+recurrent state at exactly the hit's boundary comes back with the attention KV, and
+kvtier does not store recurrent state, so an attention-only hit would be useless (vLLM
+would have to recompute the whole prefix to rebuild the state). kvtier then neither
+stores nor loads (every request is unkeyable, reason :data:`RECURRENT`), and vLLM's own
+prefix cache serves the model as without kvtier.
+
 Everything else is refused at engine start with one ``kvtier:`` line naming the layout
-and what to do (:class:`UnsupportedLayout`): recurrent state (Mamba, linear attention:
-restoring it needs the state at exactly the hit boundary, which kvtier does not store),
+and what to do (:class:`UnsupportedLayout`): recurrent-state models without attention,
 chunked-local, cross/encoder-only attention, per-token quantised KV, packed states.
 A refusal is preferred over serving a layout kvtier has not been checked against: an
 unchecked layout risks wrong tokens, a refusal costs only the offload.
@@ -31,6 +39,9 @@ from kvtier.errors import ConfigError
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
 
 _OFF = "remove kvtier (--kv-transfer-config) to serve this model without offload"
+RECURRENT = "recurrent-state"
+"""The ``unkeyable`` reason of every request of a hybrid recurrent-state model (the
+``input`` label of ``kvtier_unkeyable_requests_total``)."""
 
 
 class UnsupportedLayout(ConfigError):
@@ -48,6 +59,9 @@ class GroupKinds:
     frees_blocks: bool
     """Some group frees blocks while its request runs (sliding window with HMA on): the
     worker must finish a step's stores before the engine may reuse those blocks."""
+    recurrent: str = ""
+    """Non-empty (the operator's ``kvtier:`` line) when the model has recurrent-state
+    groups: kvtier offloads nothing for it (see the module docstring)."""
 
 
 def _name(spec: Any) -> str:
@@ -116,6 +130,7 @@ def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
     )
 
     groups: list[KVGroup] = []
+    recurrent: list[str] = []
     frees = False
     cfg_groups = list(kv_cache_config.kv_cache_groups)
     if not cfg_groups:
@@ -125,12 +140,10 @@ def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
         if not getattr(g, "enable_kv_transfer", True):
             raise _refuse(f"KV-cache group {i} that vLLM marks not transferable")
         if isinstance(spec, MambaSpec):
-            raise _refuse(
-                f"hybrid recurrent-state model (group {i}: {_name(spec)}, Mamba/linear "
-                "attention layers)",
-                "kvtier does not store recurrent state, which a hit would need at exactly "
-                f"its boundary; {_OFF}",
-            )
+            groups.append(_recurrent_group(spec, len(g.layer_names)))
+            kind = getattr(spec.mamba_type, "name", spec.mamba_type)
+            recurrent.append(f"group {i}: {_name(spec)} {kind}")
+            continue
         if isinstance(spec, UniformTypeKVCacheSpecs):
             per_layer = list(spec.kv_cache_specs.values())
         else:
@@ -148,7 +161,28 @@ def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
             kv = _attention_group(s, sum(1 for x in per_layer if x == s))
             frees = frees or kv.kind is AttentionKind.SLIDING
             groups.append(kv)
-    return GroupKinds(KVLayout(tuple(groups)), len(cfg_groups), frees)
+    if recurrent and all(x.kind is AttentionKind.MAMBA for x in groups):
+        raise _refuse(f"recurrent-state model without attention layers ({'; '.join(recurrent)})")
+    note = ""
+    if recurrent:
+        note = (
+            f"kvtier: hybrid recurrent-state model ({'; '.join(recurrent)}, Mamba/linear "
+            "attention layers): offload is off for it, kvtier stores and loads nothing; "
+            "a hit would need the recurrent state at exactly its boundary, which kvtier "
+            "does not store; vLLM's own prefix cache still serves it"
+        )
+    return GroupKinds(KVLayout(tuple(groups)), len(cfg_groups), frees, note)
+
+
+def _recurrent_group(spec: Any, layers: int) -> KVGroup:
+    """A Mamba / linear-attention group as kvtier describes it (never copied: its state
+    bytes enter the layout digest only)."""
+    return KVGroup(
+        AttentionKind.MAMBA,
+        layers,
+        dtype=str(spec.dtypes[0]),
+        state_bytes=int(spec.real_page_size_bytes),
+    )
 
 
 def _distinct(specs: list[Any]) -> list[Any]:

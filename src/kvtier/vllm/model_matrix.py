@@ -7,7 +7,8 @@ before the next, so one interpreter start and one torch/vLLM import serve many s
 engines. OUT is ``{"runs": [result, ...]}``: the runner's result, or ``{"error": message,
 "error_type": name, "seconds": s}`` for an engine that refused to start (a refusal is a
 result to check, not a crash). Put runs expected to fail last: a failed start may leave
-state behind that a later engine trips over.
+state behind that a later engine trips over. ``"inspect": "scheduler"`` inspects kvtier's
+scheduler side only (its workers run in other processes: tensor parallel).
 """
 
 from __future__ import annotations
@@ -30,6 +31,25 @@ def _teardown(llm: Any) -> None:
     ensure_kv_transfer_shutdown()
     cleanup_dist_env_and_memory()
     gc.collect()
+
+
+def _inspect_scheduler(llm: Any) -> dict[str, Any]:
+    """kvtier's scheduler side only: for engines whose workers run in other processes
+    (tensor parallel, ``"inspect": "scheduler"``) or that have none (a hybrid
+    recurrent-state model, offload off). ``rank_digests``: every rank's namespace digest
+    (hex), as its disk and remote envelopes carry it."""
+    conn = runner._connector(llm)
+    runner.drain(llm)
+    conn.get_kv_connector_stats()  # fold the last interval into the totals
+    m, s = conn.manager, conn.setup
+    return {
+        "metrics": conn.totals.to_dict(),
+        "tier_chunks": {t.name: len(t.index) for t in m.tiers},
+        "pending_jobs": m.has_pending_jobs(),
+        "recurrent": s.groups.recurrent,
+        "rank_digests": [s.namespace.for_rank(r).digest().hex() for r in range(s.world_size)],
+        "worker": False,
+    }
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +78,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"model_matrix: unsupported op {op['op']!r}")
         conn = runner._connector(llm)
         if spec.get("inspect") and conn is not None:
-            out["kvtier"] = runner.inspect(llm)
+            scheduler_only = conn.setup.groups.recurrent or spec["inspect"] == "scheduler"
+            out["kvtier"] = _inspect_scheduler(llm) if scheduler_only else runner.inspect(llm)
             out["kvtier"]["kv_groups"] = conn.setup.groups.num_groups
             out["kvtier"]["layout"] = [g.kind.value for g in conn.setup.layout.groups]
         out["seconds"] = time.perf_counter() - t0
