@@ -13,8 +13,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TOOLING = ("kvtier.tools", "kvtier.vllm.harness", "kvtier.testing", "kvtier.conformance")
-TOOLING += ("kvtier.vllm.model_matrix",)  # the model tests' engine runs
+TOOLING = ("kvtier.tools", "kvtier.vllm.harness", "kvtier.conformance")
 """Packages that sit on top of the runtime (they may import it, not the other way)."""
 
 

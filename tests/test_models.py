@@ -1,6 +1,6 @@
 """Model coverage: tiny random models of each attention layout, with and without kvtier.
 
-Each architecture is a checkpoint written by :mod:`kvtier.testing.tiny_models` from its
+Each architecture is a checkpoint written by :mod:`kvtier.tools.tiny_models` from its
 transformers config class (real random weights at a scale where outputs depend on the
 whole prompt; see that module for why not ``load_format="dummy"``). Every engine runs the
 same program: round 1 serves four prompts (kvtier stores them), the engine's prefix cache
@@ -15,7 +15,7 @@ offload off: kvtier must neither claim a hit nor store a chunk for them (a hit w
 the recurrent state), every request counts as unkeyable ("recurrent-state"), and the
 outputs must still equal the no-connector run.
 
-All engines of a test run in one subprocess (:mod:`kvtier.vllm.model_matrix`), one after
+All engines of a test run in one subprocess (:mod:`kvtier.vllm.harness.model_matrix`), one after
 another: one torch/vLLM import for all. The default run covers Gemma 3 (sliding and full
 groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window with attention
 sinks; wrong tokens with HMA off on this backend), Qwen3-Next (gated delta net, prefix
@@ -131,7 +131,7 @@ def run_specs(
     spec, out = tmp / "spec.json", tmp / "out.json"
     spec.write_text(json.dumps({"runs": list(runs.values())}))
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.vllm.model_matrix", str(spec), str(out)],
+        [sys.executable, "-m", "kvtier.vllm.harness.model_matrix", str(spec), str(out)],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -147,7 +147,7 @@ def run_specs(
 
 
 _BUILD = (
-    "import sys; from pathlib import Path; from kvtier.testing.tiny_models import build\n"
+    "import sys; from pathlib import Path; from kvtier.tools.tiny_models import build\n"
     "[build(a, Path(sys.argv[1]) / a) for a in sys.argv[2:]]"
 )
 
@@ -238,8 +238,8 @@ def test_tensor_parallel_2_per_rank_tiers_token_identical(tmp_path):
     its own shard (one KV head of two) in its own disk directory, under its own namespace
     digest; round 2 loads every rank's shard back from its own directory, and the outputs
     equal the TP=2 engine without a connector."""
-    from kvtier.bench.binding import allowed_cpus
     from kvtier.tiers.disk.format import read_superblock, scan_headers, slab_file_name
+    from kvtier.tools.bench.binding import allowed_cpus
 
     cpus = allowed_cpus()
     assert len(cpus) >= 2, f"TP=2 needs two cores, this machine allows {cpus}"

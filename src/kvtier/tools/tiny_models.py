@@ -11,7 +11,7 @@ the output depends on the last token only, so a test would pass with wrong KV. A
 must still check that sensitivity itself (the baseline's outputs differ between prompts
 that end alike): see ``tests/test_models.py``.
 
-``python -m kvtier.testing.tiny_models ARCH DIR`` writes one.
+``python -m kvtier.tools.tiny_models ARCH DIR`` writes one.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def build(arch: str, directory: str | Path, seed: int = 0) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m kvtier.testing.tiny_models ARCH DIR", file=sys.stderr)
+        print("usage: python -m kvtier.tools.tiny_models ARCH DIR", file=sys.stderr)
         return 2
     print(build(args[0], args[1]))
     return 0

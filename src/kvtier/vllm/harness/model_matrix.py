@@ -1,6 +1,6 @@
 """Several engine runs in one process, one after another (the model-coverage tests).
 
-``python -m kvtier.vllm.model_matrix SPEC.json OUT.json`` with SPEC ``{"runs": [runner
+``python -m kvtier.vllm.harness.model_matrix SPEC.json OUT.json`` with SPEC ``{"runs": [runner
 spec, ...]}`` (see :mod:`kvtier.vllm.harness.runner`) executes each run's program on a fresh
 in-process engine and tears it down (engine core, KV connector agent, distributed state)
 before the next, so one interpreter start and one torch/vLLM import serve many small
@@ -93,7 +93,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return runner.spec_main("kvtier.vllm.model_matrix", run, argv)
+    return runner.spec_main("kvtier.vllm.harness.model_matrix", run, argv)
 
 
 if __name__ == "__main__":
