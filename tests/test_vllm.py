@@ -376,12 +376,13 @@ TIGHT = {**ENGINE, "num_gpu_blocks_override": 24, "max_model_len": 736}  # 768 t
 
 
 def tight_program() -> list[dict[str, Any]]:
-    """Three long decodes in a 768-token engine cache: vLLM must preempt; one request is
-    aborted mid-decode. Then the same prompts again, served by kvtier."""
+    """Three decodes of 48 tokens in a 768-token engine cache (1,158 prompt tokens): vLLM
+    must preempt (the test asserts it did); one request is aborted mid-decode. Then the
+    same prompts again, served by kvtier."""
     ops: list[dict[str, Any]] = []
     for name in ("t1", "t2"):
         reqs = [
-            {"id": f"{name}-{i}", "prompt": p, "max_tokens": 128, "ignore_eos": True}
+            {"id": f"{name}-{i}", "prompt": p, "max_tokens": 48, "ignore_eos": True}
             for i, p in enumerate(PROMPTS)
         ]
         reqs[2]["abort_after_tokens"] = 4
