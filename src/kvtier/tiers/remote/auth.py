@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kvtier.errors import ConfigError
+from kvtier.keysecret import read_private_file
 from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote.streams import PART_BYTES
 
@@ -88,7 +89,8 @@ def load_secret(
 ) -> bytes | None:
     """The tier's secret, or None when it has none. Raises ConfigError, one line naming
     ``where.<option>`` and never the secret, when both options are given, the variable is
-    unset, the file unreadable, the secret shorter than MIN_SECRET_BYTES, or ``encrypt`` is
+    unset, the file unreadable or not private (:func:`kvtier.keysecret.read_private_file`:
+    mode 0600, owned by this user), the secret shorter than MIN_SECRET_BYTES, or ``encrypt`` is
     asked without a secret. Surrounding whitespace (a file's newline) is dropped."""
     env = os.environ if environ is None else environ
     if secret_env and secret_file:
@@ -101,13 +103,7 @@ def load_secret(
         raw = text.encode()
     elif secret_file:
         option = "secret_file"
-        try:
-            with open(secret_file, "rb") as f:
-                raw = f.read(1 << 16)
-        except OSError as e:
-            raise ConfigError(
-                f"{where}.secret_file: cannot read {secret_file!r}: {e.strerror}"
-            ) from None
+        raw = read_private_file(secret_file, f"{where}.secret_file", 1 << 16)
     else:
         if encrypt:
             raise ConfigError(
