@@ -22,13 +22,11 @@ _ZEROS = memoryview(bytes(PART_BYTES))
 
 
 class PlainParts:
-    """Plain values of ``slot_bytes`` payload bytes under ``namespace`` (a rank's
-    ``Namespace.digest()``). Thread-safe: each thread stages device segments through its
-    own host buffer."""
+    """Plain values of ``slot_bytes`` payload bytes. Thread-safe: each thread stages device
+    segments through its own host buffer."""
 
-    def __init__(self, slot_bytes: int, namespace: bytes) -> None:
+    def __init__(self, slot_bytes: int) -> None:
         self.slot_bytes = slot_bytes
-        self.namespace = namespace
         self._local = threading.local()
 
     def _staging(self) -> torch.Tensor:
@@ -39,14 +37,17 @@ class PlainParts:
             buf = self._local.buf = torch.empty(PART_BYTES, dtype=torch.uint8)
         return buf
 
-    def __call__(self, key: Key, parent: Key | None, chunk: Segments) -> Iterator[Any]:
-        """The chunk's value (payload, then envelope) as pieces of at most PART_BYTES, each
+    def __call__(
+        self, key: Key, parent: Key | None, chunk: Segments, namespace: bytes
+    ) -> Iterator[Any]:
+        """The chunk's value under ``namespace`` (a rank's ``Namespace.digest()``): payload,
+        then envelope, as pieces of at most PART_BYTES, each
         added to the checksum just before it is yielded (so it is in cache when sent): host
         segments as views of their own memory, device segments through this thread's host
         buffer, zeros where no segment covers the payload, the envelope last. Segments must
         not overlap nor run past ``slot_bytes``. A source changed while it is sent fails the
         checksum on reading (a miss, never wrong bytes)."""
-        csum = payload_hasher(key, self.namespace)
+        csum = payload_hasher(key, namespace)
         pos = 0
         for off, seg in [*sorted(chunk, key=lambda s: s[0]), (self.slot_bytes, None)]:
             if off < pos:
@@ -70,4 +71,4 @@ class PlainParts:
                     piece = buf.numpy().data
                 csum.update(piece)
                 yield piece
-        yield pack_envelope(key, parent, self.namespace, 0, self.slot_bytes, csum.intdigest())
+        yield pack_envelope(key, parent, namespace, 0, self.slot_bytes, csum.intdigest())

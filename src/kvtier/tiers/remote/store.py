@@ -122,7 +122,7 @@ class RemoteStore(SlotStore):
         self._set_at: dict[bytes, int] = {}
         self._setting: set[bytes] = set()
         self._reported: dict[str, int] = {}
-        self._parts = PlainParts(slot_bytes, namespace)
+        self._parts = PlainParts(slot_bytes)
         self._lock = threading.Lock()
         self._pools_lock = threading.Lock()
         self._pools: dict[str, ThreadPoolExecutor] = {}
@@ -159,7 +159,7 @@ class RemoteStore(SlotStore):
 
         def plain(j: int) -> Iterator[Any]:
             i = batch[j]
-            return self._parts(keys[i], parents[i] if parents else None, src[i])
+            return self._parts(keys[i], parents[i] if parents else None, src[i], self.namespace)
 
         def parts(j: int) -> Iterator[Any]:
             """Value j sealed part by part as it is sent."""
