@@ -36,13 +36,24 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   freed memory (both sides, same process) and so measures against a raw side that never
   faults: the cost of kvtier's checksum and of its copy into the destination alone.
 - Sealed values (unless ``--no-auth``): the same store and load through a tier with a
-  secret (``store_mac`` / ``load_mac``: keyed names, a keyed-BLAKE3 tag streamed over each
-  value's parts) and with ``encrypt: true`` (``store_aead`` / ``load_aead``: AES-256-GCM,
-  each part encrypted into a reused buffer and sent; loads of values of 1 MiB and more
-  decrypt on the store's opener thread), alternated batch by batch with the other sides,
-  each over the raw client of the same run (``load_ratio_{mac,aead}_vs_raw_client`` and
-  the store ones in the summary: worst over rounds and sizes, ``_median``: the lowest
-  per-size median). Each round then holds four times ``--batch-bytes`` on the server.
+  secret (``store_mac`` / ``load_mac``: keyed names, a keyed-BLAKE3 tag over each value)
+  and with ``encrypt: true`` (``store_aead`` / ``load_aead``: AES-256-GCM), alternated
+  batch by batch with the other sides, each over the raw client of the same run
+  (``load_ratio_{mac,aead}_vs_raw_client`` and the store ones in the summary: worst over
+  rounds and sizes, ``_median``: the lowest per-size median). Stores of values of 1 MiB and
+  more seal values ahead on the store's sealer thread while the sender sends
+  (``kvtier.tiers.remote.ahead``; the sender seals inline whatever the sealer has not
+  reached), and loads of such values open them on the store's opener thread.
+  ``--inline-sealing`` adds two store sides sealing every part inline on the sending
+  thread (``store_ratio_{mac,aead}_inline_...``).
+  Each round then holds four times ``--batch-bytes`` on the server (six with
+  ``--inline-sealing``).
+- Like with like: every side sends the same chunks, through the same client object and
+  connections, in batches of the same number of values (``values_per_batch``: kvtier's values are
+  128-172 bytes longer, envelope and tag, which leaves the split unchanged at these sizes), and
+  the raw side's values are ready-made bytes, so it does no work beyond the send. The
+  threads each side runs on are in the JSON (``threads``): the raw client and the plain
+  store use the caller's thread only, a sealed store one sealer thread more.
 - Lookup: the probe of a 128k-token prompt (4096 chunks of 32 tokens, vLLM's block size
   here): ``RemoteIndex.leading`` from the scheduler's side, asked again until it answers
   (the probe thread), median and worst of ``--probes``, for a chain present whole, one
@@ -56,7 +67,7 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   of the conversations A served (``second_engine_hit_fraction``).
 
 Run: ``.venv/bin/python benchmarks/remote_tier.py [--quick] [--cluster] [--vllm] [--keep-freed]
-[--sends] [--no-auth] [--json PATH]``.
+[--sends] [--no-auth] [--inline-sealing] [--repeats N] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -79,6 +90,7 @@ from kvtier.tiers.base import Pending
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore
 from kvtier.tiers.remote.auth import ValueAuth
 from kvtier.tiers.remote.keyspace import purge_pattern
+from kvtier.tiers.remote.store import SEAL_AHEAD_BYTES
 from kvtier.tiers.remote.streams import PART_BYTES
 from kvtier.tiers.remote.url import parse_remote_url
 
@@ -113,20 +125,54 @@ SECRET = b"kvtier-benchmark-secret-0123456789abcdef"
 """The MAC and AEAD sides' secret (a benchmark's: a real one comes from secret_env/_file)."""
 
 
-def _sealed_store(client: RemoteClient, size: int, encrypt: bool) -> RemoteStore:
-    """A store as a redis tier with a secret builds one (keyed names, MAC or AES-GCM)."""
-    auth = ValueAuth(SECRET, encrypt, NS.digest(), size)
-    return RemoteStore(client, KeySpace(NS, SECRET, encrypt), size, NS.digest(), auth=auth)
+def _sealed_store(
+    client: RemoteClient, size: int, encrypt: bool, ahead: bool = True
+) -> RemoteStore:
+    """A store as a redis tier with a secret builds one (keyed names, MAC or AES-GCM);
+    ``ahead=False`` seals every part inline (the ``--inline-sealing`` sides), under names of
+    its own (another secret), so it never skips the other side's values as present."""
+    secret = SECRET if ahead else SECRET + b"-inline"
+    auth = ValueAuth(secret, encrypt, NS.digest(), size)
+    space = KeySpace(NS, secret, encrypt)
+    least = SEAL_AHEAD_BYTES if ahead else None
+    return RemoteStore(client, space, size, NS.digest(), auth=auth, seal_ahead_bytes=least)
+
+
+THREADS = {
+    "raw_set": 1,
+    "raw_get": 1,
+    "store": 1,
+    "load": 1,
+    "store_mac": "1 below 1 MiB values (SEAL_AHEAD_BYTES), else 2",
+    "store_aead": "1 below 1 MiB values (SEAL_AHEAD_BYTES), else 2",
+    "store_mac_inline": 1,
+    "store_aead_inline": 1,
+    "load_mac": "1 below 1 MiB values, else 2",
+    "load_aead": "1 below 1 MiB values, else 2",
+}
+"""Threads each side runs on: the caller's; sealed stores of 1 MiB values and more add
+their store's sealer thread (values sealed ahead of the send, kvtier.tiers.remote.ahead),
+sealed loads of 1 MiB values and more its opener thread. Every side uses the one client's
+connections."""
 
 
 def bandwidth(
-    url: str, size: int, batch_bytes: int, repeats: int, sends: bool = False, auth: bool = True
+    url: str,
+    size: int,
+    batch_bytes: int,
+    repeats: int,
+    sends: bool = False,
+    auth: bool = True,
+    inline_sealing: bool = False,
 ) -> dict[str, Any]:
     n = max(4, batch_bytes // size)
     client = RemoteClient(parse_remote_url(url), timeout_s=30)
     space = KeySpace(NS)
     store = RemoteStore(client, space, size, NS.digest())
     sealed = {"mac": _sealed_store(client, size, False), "aead": _sealed_store(client, size, True)}
+    if inline_sealing:
+        for mode in ("mac", "aead"):
+            sealed[f"{mode}_inline"] = _sealed_store(client, size, mode == "aead", ahead=False)
     src = torch.randint(0, 256, (n, size), dtype=torch.uint8)
     dst = torch.zeros_like(src)
     keys = chunk_keys(list(range(n * 4)), 4, b"bench")
@@ -143,6 +189,8 @@ def bandwidth(
         samples.update(raw_set_parts=[], raw_set_read_parts=[])
     if auth:
         samples.update(store_mac=[], load_mac=[], store_aead=[], load_aead=[])
+        if inline_sealing:
+            samples.update(store_mac_inline=[], store_aead_inline=[])
     slots = [-1] * n
 
     def raw_set(lo: int) -> None:
@@ -182,7 +230,9 @@ def bandwidth(
 
     def sealed_sides(mode: str) -> tuple[Any, Any]:
         s = sealed[mode]
-        batch = s.batch  # a few bytes more per value: batches as the tier would split them
+        # A few bytes more per value: batches as the tier would split them (the same
+        # number of values as the raw side's at the sizes measured: values_per_batch).
+        batch = s.batch
 
         def write(lo: int) -> None:
             for a in range(lo, min(n, lo + per), batch):
@@ -218,6 +268,9 @@ def bandwidth(
             w, rd = sealed_sides(mode)
             writes += ((f"store_{mode}", w),)
             loads += ((f"load_{mode}", rd),)
+        if inline_sealing:
+            for m in ("mac", "aead"):
+                writes += ((f"store_{m}_inline", sealed_sides(f"{m}_inline")[0]),)
     for r in range(repeats + 1):
         # Each round starts on an emptied server. The sides alternate batch by batch, the
         # writes and then the loads (kvtier's batch, raw's, raw's, kvtier's, ...; each
@@ -249,6 +302,9 @@ def bandwidth(
         for mode in ("mac", "aead"):
             sealed_ratios[f"load_ratio_{mode}"] = over(f"load_{mode}", "raw_get")
             sealed_ratios[f"store_ratio_{mode}"] = over(f"store_{mode}", "raw_set")
+            if inline_sealing:
+                ratio = over(f"store_{mode}_inline", "raw_set")
+                sealed_ratios[f"store_ratio_{mode}_inline"] = ratio
 
     def over_raw_set(name: str) -> dict[str, float]:
         return _spread([k / r for k, r in zip(samples[name], samples["raw_set"], strict=True)])
@@ -265,6 +321,7 @@ def bandwidth(
         **sealed_ratios,
         **extra,
         "page_faults_per_mib": {k: v / (repeats * n * size / 2**20) for k, v in faults.items()},
+        "values_per_batch": {"raw": per, **{k: v.batch for k, v in sealed.items()}},
     }
 
 
@@ -385,6 +442,11 @@ def main() -> None:
         action="store_true",
         help="skip the MAC and AEAD sides (a tier with a secret, and with encrypt: true)",
     )
+    ap.add_argument(
+        "--inline-sealing",
+        action="store_true",
+        help="also time MAC and AEAD stores sealing every part inline (no sealer thread)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.keep_freed:
@@ -402,7 +464,8 @@ def main() -> None:
     try:
         sizes = [256 << 10, 1 << 20, 4 << 20]
         auth = not a.no_auth
-        bw = [bandwidth(url, s, a.batch_bytes, a.repeats, a.sends, auth) for s in sizes]
+        inline = auth and a.inline_sealing
+        bw = [bandwidth(url, s, a.batch_bytes, a.repeats, a.sends, auth, inline) for s in sizes]
         lk = lookup(url, a.probes)
         vllm: dict[str, Any] = {}
         if a.vllm:
@@ -492,6 +555,25 @@ def main() -> None:
                 summary[f"{op}_ratio_{mode}_vs_raw_client_median"] = min(
                     r["median"] for r in ratios
                 )
+        summary["sealing"] = (
+            f"values of {SEAL_AHEAD_BYTES} bytes and more sealed ahead on a sealer thread"
+            " (kvtier.tiers.remote.ahead), smaller ones inline"
+        )
+        if inline:
+            for mode in ("mac", "aead"):
+                ratios = [b[f"store_ratio_{mode}_inline"] for b in bw]
+                key = f"store_ratio_{mode}_inline_vs_raw_client"
+                summary[key] = min(r["worst"] for r in ratios)
+                summary[f"{key}_median"] = min(r["median"] for r in ratios)
+            print(
+                "sealed stores, every part sealed inline (no sealer thread), over the raw client,"
+                " worst / median / best: "
+                + "; ".join(
+                    f"{fmt_bytes(b['chunk_bytes'])} MAC {_fmt_spread(b['store_ratio_mac_inline'])}"
+                    f", AEAD {_fmt_spread(b['store_ratio_aead_inline'])}"
+                    for b in bw
+                )
+            )
     if a.sends:
         # Why a store can beat the raw SET: the raw SET's own bytes sent the way kvtier
         # sends (medians per chunk size, over the raw SET).
@@ -520,6 +602,7 @@ def main() -> None:
             "lookup": lk,
             "vllm": vllm,
             "machine": machine_info(server=where, url=parse_remote_url(url).display),
+            "threads": THREADS,
         },
     )
 

@@ -15,6 +15,7 @@ def test_secret_from_env_and_file_are_the_same_key(tmp_path, monkeypatch):
     monkeypatch.setenv("KVT_TEST_SECRET", secret.decode())
     path = tmp_path / "secret"
     path.write_bytes(secret + b"\n")
+    path.chmod(0o600)  # a secret file must be private (tests/test_secrets.py)
     from_env = read_key_secret(KVTierConfig.from_dict({"key_secret_env": "KVT_TEST_SECRET"}))
     from_file = read_key_secret(KVTierConfig.from_dict({"key_secret_file": str(path)}))
     assert from_env == from_file == secret
@@ -49,6 +50,7 @@ def test_bad_secrets_are_one_clear_error(tmp_path, monkeypatch, config, env, con
         monkeypatch.setenv("KVT_TEST_SECRET", env)
     if content is not None:
         (tmp_path / "secret").write_bytes(content)
+        (tmp_path / "secret").chmod(0o600)
     config = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in config.items()}
     with pytest.raises(ConfigError, match=match) as info:
         read_key_secret(KVTierConfig.from_dict(config))

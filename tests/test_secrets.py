@@ -7,6 +7,8 @@ everything outside its grant."""
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
+from kvtier.keysecret import read_key_secret
 from kvtier.stack.parse import accepted_keys
 from kvtier.stack.spec import TierSpec
 from kvtier.tiers.memory import MemoryOptions
@@ -31,6 +34,13 @@ ALL = ([True, True, True], 3)
 
 def config(*entries: object) -> KVTierConfig:
     return KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, *entries]})
+
+
+def private_file(path: Path, text: str) -> Path:
+    """``path`` holding ``text``, mode 0600 (as secret files must be)."""
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
 
 
 # -- redaction -----------------------------------------------------------------------------
@@ -148,8 +158,7 @@ def test_password_from_env_or_file_authenticates(locked, tmp_path, monkeypatch, 
     monkeypatch.setenv("TEAM_PW", SECRET)
     monkeypatch.setenv("KVTIER_REDIS_PASSWORD", "wrong")
     assert tier_roundtrip({**base, "password_env": "TEAM_PW"}, seed=2) == ALL
-    pw = tmp_path / "pw"
-    pw.write_text(SECRET + "\n")
+    pw = private_file(tmp_path / "pw", SECRET + "\n")
     assert tier_roundtrip({**base, "password_file": str(pw)}, seed=3) == ALL  # file wins
     pw.write_text("not-it\n")
     assert tier_roundtrip({**base, "password_file": str(pw)}, seed=4) == MISS
@@ -173,15 +182,68 @@ def test_bad_password_files_are_one_line_naming_the_option(tmp_path):
     base = {"kind": "redis", "url": "redis://h:1"}
     with pytest.raises(ConfigError, match=r"^tiers\[1\]\.password_file: cannot read .*nope"):
         config({**base, "password_file": str(tmp_path / "nope")})
-    empty = tmp_path / "empty"
-    empty.write_text("\n")
+    empty = private_file(tmp_path / "empty", "\n")
     with pytest.raises(ConfigError, match=r"^tiers\[1\]\.password_file: .* holds no password"):
         config({**base, "password_file": str(empty)})
-    (tmp_path / "pw").write_text("x\n")
+    private_file(tmp_path / "pw", "x\n")
     both = {"kind": "redis", "url": f"redis://:{SECRET}@h:1", "password_file": str(tmp_path / "pw")}
     with pytest.raises(ConfigError, match=r"^tiers\[1\]\.password_file: the url carries") as e:
         config(both)
     assert SECRET not in str(e.value)
+
+
+# -- secret files are private ---------------------------------------------------------------
+
+NOBODY = 65534
+SECRET_TEXT = "0123456789abcdef" * 4  # long enough for every option's minimum
+
+
+def _read_option(option: str, path: Path) -> object:
+    """What kvtier makes of ``path`` given as ``option`` (raises ConfigError if refused)."""
+    if option == "key_secret_file":
+        return read_key_secret(KVTierConfig.from_dict({"key_secret_file": str(path)}))
+    return config({"kind": "redis", "url": "redis://h:1", option: str(path)})
+
+
+def _make_unsafe(path: Path, how: str) -> str:
+    """Make ``path`` unsafe as ``how`` says; the words the refusal must contain."""
+    if how.startswith("mode "):
+        path.write_text(SECRET_TEXT + "\n")
+        path.chmod(int(how[5:], 8))
+        return how
+    if how == "owner":
+        private_file(path, SECRET_TEXT + "\n")
+        os.chown(path, NOBODY, NOBODY)  # the tests run as root (see test_disk_security)
+        return f"owned by uid {NOBODY}"
+    if how == "fifo":
+        os.mkfifo(path, 0o600)  # opening it must not hang the start either
+        return "not a regular file"
+    path.mkdir(mode=0o700)
+    return "not a regular file"
+
+
+@pytest.mark.parametrize("option", ["password_file", "secret_file", "key_secret_file"])
+@pytest.mark.parametrize(
+    "how", ["mode 0644", "mode 0640", "mode 0604", "mode 0620", "owner", "fifo", "directory"]
+)
+def test_a_secret_file_others_can_read_or_change_is_refused(tmp_path, option, how):
+    """Like ssh with a private key: group/other permission bits, another owner, or not a
+    regular file is one ConfigError line naming the option, the path and the fix; the same
+    content in a private file (0600, or 0400) is accepted."""
+    path = tmp_path / "secret"
+    want = _make_unsafe(path, how)
+    with pytest.raises(ConfigError) as e:
+        _read_option(option, path)
+    msg = str(e.value)
+    where = option if option == "key_secret_file" else f"tiers[1].{option}"
+    assert msg.startswith(f"{where}: {str(path)!r} ") and want in msg and "\n" not in msg, msg
+    assert SECRET_TEXT[:8] not in msg
+    if how.startswith("mode "):
+        assert f"chmod 600 {path}" in msg
+    for mode in (0o600, 0o400):
+        ok = tmp_path / f"ok-{mode:o}"
+        private_file(ok, SECRET_TEXT + "\n").chmod(mode)
+        _read_option(option, ok)
 
 
 # -- least privilege -----------------------------------------------------------------------

@@ -73,6 +73,7 @@ def test_encrypted_tier_never_loads_forged_values(tmp_path, baseline):  # noqa: 
 
     secret = tmp_path / "secret"
     secret.write_text("0123456789abcdef" * 4 + "\n")
+    secret.chmod(0o600)  # secret files must be private
     with RedisServer() as server:
         remote = {"kind": "redis", "url": server.url, "timeout_ms": 3000}
         remote.update(secret_file=str(secret), encrypt=True)

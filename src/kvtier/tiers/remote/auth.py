@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kvtier.errors import ConfigError
+from kvtier.keysecret import read_private_file
 from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote.streams import PART_BYTES
 
@@ -88,7 +89,8 @@ def load_secret(
 ) -> bytes | None:
     """The tier's secret, or None when it has none. Raises ConfigError, one line naming
     ``where.<option>`` and never the secret, when both options are given, the variable is
-    unset, the file unreadable, the secret shorter than MIN_SECRET_BYTES, or ``encrypt`` is
+    unset, the file unreadable or not private (:func:`kvtier.keysecret.read_private_file`:
+    mode 0600, owned by this user), the secret shorter than MIN_SECRET_BYTES, or ``encrypt`` is
     asked without a secret. Surrounding whitespace (a file's newline) is dropped."""
     env = os.environ if environ is None else environ
     if secret_env and secret_file:
@@ -101,13 +103,7 @@ def load_secret(
         raw = text.encode()
     elif secret_file:
         option = "secret_file"
-        try:
-            with open(secret_file, "rb") as f:
-                raw = f.read(1 << 16)
-        except OSError as e:
-            raise ConfigError(
-                f"{where}.secret_file: cannot read {secret_file!r}: {e.strerror}"
-            ) from None
+        raw = read_private_file(secret_file, f"{where}.secret_file", 1 << 16)
     else:
         if encrypt:
             raise ConfigError(
@@ -193,6 +189,47 @@ class ValueAuth:
             yield views[k & 1][:n]
         enc.finalize()
         yield enc.tag
+
+    def mac_pieces(self, name: bytes, pieces: Iterable[Any]) -> list[Any]:
+        """MAC mode: ``pieces`` (kept as they are, so they must stay valid until sent) and
+        their tag last: what :meth:`seal` yields, made at once (ahead of the send)."""
+        assert self.mode == MODE_MAC
+        mac = blake3.blake3(self.aad(name), key=self._key)
+        out = []
+        for piece in pieces:
+            mac.update(piece)
+            out.append(piece)
+        out.append(mac.digest(MAC_BYTES))
+        return out
+
+    def seal_into(self, name: bytes, pieces: Iterable[Any], out: memoryview) -> memoryview:
+        """The sealed value of ``name`` (as :meth:`seal` would yield it, in one piece),
+        made from ``P``'s ``pieces`` straight into ``out`` (at least ``plain_bytes +
+        overhead`` bytes): each piece copied and MACed, or encrypted into place, one pass
+        over it. Returns the view of ``out`` holding the value."""
+        pos = 0
+        if self.mode == MODE_MAC:
+            mac = blake3.blake3(self.aad(name), key=self._key)
+            for piece in pieces:
+                end = pos + len(piece)
+                out[pos:end] = piece
+                mac.update(out[pos:end])  # the copy just made, in cache
+                pos = end
+            out[pos : pos + MAC_BYTES] = mac.digest(MAC_BYTES)
+            return out[: pos + MAC_BYTES]
+        head = os.urandom(SALT_BYTES + NONCE_BYTES)
+        out[: len(head)] = head
+        enc = Cipher(
+            algorithms.AES(self._value_key(head[:SALT_BYTES])), modes.GCM(head[SALT_BYTES:])
+        ).encryptor()
+        enc.authenticate_additional_data(self.aad(name))
+        pos = len(head)
+        for piece in pieces:
+            # The encryptor wants 15 bytes of room past a piece; the tag's 16 follow it.
+            pos += enc.update_into(piece, out[pos : pos + len(piece) + 15])
+        enc.finalize()
+        out[pos : pos + GCM_TAG_BYTES] = enc.tag
+        return out[: pos + GCM_TAG_BYTES]
 
     def open(self, name: bytes, value: bytes) -> memoryview | None:
         """``P`` of a sealed value whose tag matches, None otherwise (wrong length, forged,

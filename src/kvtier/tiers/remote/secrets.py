@@ -6,6 +6,9 @@ Contracts:
 * No secret is ever put into a message: errors name the option (``tiers[i].password_file``)
   and the file's path, never its content; a URL is only ever shown masked
   (:attr:`RemoteTarget.display`).
+* Password and secret files must be private (mode 0600, owned by the user kvtier runs as,
+  or by root), as ssh requires of a key; anything else is refused with the ``chmod`` that
+  fixes it.
 * A password can come from three places, in this order: the URL (discouraged: vLLM prints
   ``kv_connector_extra_config``, URL included, in its start-up log before kvtier runs, so
   kvtier can only warn), ``password_file``, the environment (``password_env``, default
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvtier.errors import ConfigError
+from kvtier.keysecret import read_private_file
 
 if TYPE_CHECKING:
     from kvtier.tiers.remote.options import RedisOptions
@@ -63,15 +67,18 @@ def tls_files(spec: RedisOptions) -> TLSFiles:
     return TLSFiles(spec.ssl_ca, spec.ssl_cert, spec.ssl_key, spec.ssl_check_hostname)
 
 
+PASSWORD_FILE_MAX = 1 << 16
+"""Bytes of a password file read (its first line is the password)."""
+
+
 def read_password(path: str, option: str = "password_file") -> str:
     """The password in ``path`` (its first line); ConfigError naming ``option`` if the file
-    cannot be read or holds none."""
+    cannot be read, is not private (:func:`kvtier.keysecret.read_private_file`: mode 0600,
+    owned by this user) or holds none."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{option}: cannot read {path!r}: {reason}") from None
+        text = read_private_file(path, option, PASSWORD_FILE_MAX).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{option}: cannot read {path!r}: not UTF-8 text") from None
     password = text.splitlines()[0] if text.strip() else ""
     if not password:
         raise ConfigError(f"{option}: {path!r} holds no password (its first line is empty)")
