@@ -77,6 +77,28 @@ def stats_ns(samples: Sequence[int]) -> dict[str, float]:
     }
 
 
+def worst_run(runs: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """Repeated runs of one timing (``stats_ns`` dicts): the run with the highest median,
+    which is what a summary reports, with every run's median and their best / median /
+    worst (``median_us_best`` ...)."""
+    meds = [r["median_us"] for r in runs]
+    out: dict[str, Any] = dict(max(runs, key=lambda r: r["median_us"]))
+    out.update(
+        runs_median_us=meds,
+        median_us_best=min(meds),
+        median_us_median=statistics.median(meds),
+        median_us_worst=max(meds),
+    )
+    return out
+
+
+def spread(values: Sequence[float], *, lower_is_better: bool = True) -> dict[str, Any]:
+    """Worst / median / best of one figure over repeated runs, and every run's value."""
+    xs = sorted(values)
+    best, worst = (xs[0], xs[-1]) if lower_is_better else (xs[-1], xs[0])
+    return {"worst": worst, "median": statistics.median(xs), "best": best, "runs": list(values)}
+
+
 def fmt_time_us(us: float) -> str:
     """A duration given in microseconds, in a readable unit."""
     if us >= 1e6:

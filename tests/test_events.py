@@ -16,8 +16,11 @@ from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.events import EventRun, TierEvents
-from kvtier.keys import Key
-from kvtier.stack.stack import TierStack
+from kvtier.keys import Key, chunk_keys
+from kvtier.policies import make_eviction_policy
+from kvtier.sources import HitSource
+from kvtier.stack.spec import TierSpec
+from kvtier.stack.stack import StackTier, TierStack
 from kvtier.tiers.faulty import FaultPlan
 from kvtier.tiers.index import SlotIndex, store_at_once
 from mini_engine import MiniEngine
@@ -45,6 +48,7 @@ def attach(engine: MiniEngine, **kw: int) -> tuple[TierEvents, dict[str, Source]
         log.learn(src, first, keys)
 
     engine.manager.on_store_planned = planned
+    engine.manager.movement.on_copy_planned = log.copying
     return log, sources
 
 
@@ -80,9 +84,10 @@ def check(engine: MiniEngine, log: TierEvents, state: list[set[Key]]) -> None:
         assert isinstance(tier.index, SlotIndex)
         tier.index.check()
         assert state[t] == set(tier.index.ready_keys()), tier.name
-    log.take()  # forgets the identities of chunks gone from every tier
+        assert log.announced[t] == len(state[t])
+    log.take()  # forgets the names of chunks gone from every tier
     present = {k for tier in tiers for k in tier.index._entries}
-    assert set(log.identities) <= present  # bounded by what the tiers hold
+    assert log.starts() <= present  # bounded by what the tiers hold
     assert log.unknown == 0
 
 
@@ -165,7 +170,7 @@ def test_a_restored_tier_is_announced_only_as_lookups_name_it(tmp_path: Path) ->
         assert isinstance(disk, SlotIndex)
         disk.clear()
         assert [r.stored for r in log.take()] == [False]  # only prompts[1]'s chunks
-        assert log.unknown == 0 and not log.identities
+        assert log.unknown == 0 and not log.starts()
     finally:
         e.close()
 
@@ -206,3 +211,122 @@ def test_off_means_no_listener_and_a_shared_tier_only_when_asked() -> None:
         (True, 1, [2]),
         (False, 1, [0]),
     ]
+
+
+class Told:
+    """An index listener that records what it hears (the protocol's calls, as told)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[Key]]] = []
+
+    def ready_run(self, keys: list[Key]) -> None:
+        self.calls.append(("ready", list(keys)))
+
+    def unready(self, key: Key) -> None:
+        self.calls.append(("unready", [key]))
+
+    def removed(self, key: Key) -> None:
+        self.calls.append(("removed", [key]))
+
+
+def two_tiers(n: int) -> TierStack:
+    """A CPU tier above a disk tier, indexes only."""
+    return TierStack(
+        [
+            StackTier(name, source, SlotIndex(n, make_eviction_policy("lru", n)), TierSpec(name))
+            for name, source in (("cpu", HitSource.HOST), ("disk", HitSource.DISK))
+        ]
+    )
+
+
+def chain(n: int, salt: int = 0, shared: int = 0) -> list[Key]:
+    """``n`` chained keys; the first ``shared`` equal for every salt."""
+    toks = [7] * (shared * CHUNK) + [salt + 100] * ((n - shared) * CHUNK)
+    return chunk_keys(toks, CHUNK, b"batched")
+
+
+def test_an_index_tells_each_committed_chain_once_parents_first() -> None:
+    """A commit's chains reach the listener in one call each: a whole store, a child store
+    that finished before its parent (promoted with it), a branch after its parent."""
+    idx = SlotIndex(32, make_eviction_policy("lru", 32))
+    told = idx.listener = Told()
+    a, b = chain(8, 1, shared=3), chain(8, 2, shared=3)
+    assert store_at_once(idx, a[:5]) == 5
+    assert told.calls == [("ready", a[:5])]
+    told.calls.clear()
+    idx.reserve(a[5:], a[4])
+    idx.reserve(b[3:], b[2])
+    idx.commit(b[3:], [True] * 5)  # under a READY parent: told at once
+    assert told.calls == [("ready", b[3:])]
+    told.calls.clear()
+    # A child job ends before its parent's: both are told in the parent's commit.
+    c = chain(12, 1, shared=3)
+    assert c[:8] == a
+    idx.reserve(c[8:], c[7])
+    idx.commit(c[8:], [True] * 4)
+    assert told.calls == []  # its parent a[7] is not READY yet
+    idx.commit(a[5:], [True, True, True])
+    assert told.calls == [("ready", c[5:])]
+    idx.check()
+
+
+def test_store_bookkeeping_is_ranges_not_chunks() -> None:
+    """A 4,096-chunk store is one start, one announced segment and one run of events; its
+    removal, chunk by chunk, takes the segment back deepest first."""
+    n = 4096
+    stack = two_tiers(n)
+    log = TierEvents(stack, 1)
+    keys = chain(n)
+    log.learn("src", 0, keys)
+    assert store_at_once(stack[0].index, keys) == n  # type: ignore[arg-type]
+    (run,) = log.take()
+    assert (run.stored, run.tier, run.source, run.first, run.count) == (True, 0, "src", 0, n)
+    assert log.starts() == {keys[0]} and log.announced == [n, 0]
+    assert len(log._listeners[0].tails) == 1  # type: ignore[union-attr]
+    cpu = stack[0].index
+    assert isinstance(cpu, SlotIndex)
+    cpu.invalidate(keys[n - 3])
+    (gone,) = log.take()
+    assert not gone.stored and gone.chunks == (("src", n - 1), ("src", n - 2), ("src", n - 3))
+    assert log.announced == [n - 3, 0]
+    cpu.clear()
+    log.take()
+    assert log.announced == [0, 0] and not log.starts()
+
+
+def test_names_survive_overlapping_stores_copies_and_demotions() -> None:
+    """A shorter store of a held prefix leaves the longer name in place; a store that
+    parts from it gets its own start where they part; a copy to the tier below that starts
+    inside a store's range is named from the store's start (``copying``); a chain with no
+    start (a demotion's) is named through the per-key map."""
+    stack = two_tiers(64)
+    log = TierEvents(stack, 1)
+    cpu, disk = stack[0].index, stack[1].index
+    assert isinstance(cpu, SlotIndex) and isinstance(disk, SlotIndex)
+    a, b = chain(10, 1, shared=4), chain(10, 2, shared=4)
+    log.learn("A", 0, a)
+    assert store_at_once(cpu, a) == 10
+    log.learn("short", 0, a[:2])  # covered: a's start keeps naming the chain
+    log.learn("B", 0, b)  # parts from a at chunk 4: b's rest starts at b[4]
+    assert log.starts() == {a[0], b[4]}
+    store_at_once(cpu, b)
+    runs = log.take()
+    assert [(r.source, r.first, r.count) for r in runs] == [("A", 0, 10), ("B", 4, 6)]
+    # Write-through with the disk holding a[:3]: the copy of a[3:] is named at a[3].
+    assert store_at_once(disk, a[:3]) == 3
+    log.copying(a, 3)
+    assert a[3] in log.starts()
+    assert store_at_once(disk, a[3:]) == 7
+    assert [(r.tier, r.source, r.first, r.count) for r in log.take()] == [(1, "A", 0, 10)]
+    # A chain of b's starting inside b's range, with no start there (a demotion's): named
+    # through the per-key map.
+    assert store_at_once(disk, b[4:5]) == 1
+    log.take()
+    assert b[5] not in log.starts() and not log._named
+    assert store_at_once(disk, b[5:7]) == 2
+    assert [(r.tier, r.source, r.first, r.count) for r in log.take()] == [(1, "B", 5, 2)]
+    assert log.announced == [16, 13] and log.unknown == 0
+    cpu.clear()
+    disk.clear()
+    log.take()
+    assert not log.starts() and not log._records

@@ -121,6 +121,10 @@ def test_random_operations_keep_invariants(sequence, capacity, policy):
             while naive < len(keys) and idx.is_ready(keys[naive]):
                 naive += 1
             assert idx.prefix_len(keys) == naive
+            held = idx.prefix_len(keys, any_state=True)
+            for m in range(1, held + 1):  # runs answer as the per-key map does
+                assert idx.chain_slots(keys[:m]) == idx.slots_of(keys[:m])
+                assert idx.chain_slots(keys[m - 1 : held]) == idx.slots_of(keys[m - 1 : held])
     # every pinned key that was ready when pinned is still there
     for k in pins:
         assert k in idx._entries
@@ -138,3 +142,35 @@ def test_a_slot_being_written_is_never_handed_out_again():
     assert not idx.has(a[0])
     assert idx.reserve(b, None) == [0]
     idx.check()
+
+
+def test_chain_slots_across_extended_branched_cut_and_restored_runs():
+    """A chain's slots come from runs: one run grown by successive stores, a branch that
+    starts its own run, a run cut by eviction and grown again, a restored index's runs;
+    every answer equals the per-key map's."""
+    idx = SlotIndex(12, make_eviction_policy("lru", 12))
+    a, b, *_ = chains(4, 6)  # b shares a's first 2 chunks
+    for n in (2, 3, 6):  # chunked prefill: three reserves continuing one chain
+        store(idx, a, n)
+    assert len({id(idx._entries[k].run) for k in a}) == 1
+    store(idx, b, 6)
+    assert idx._entries[b[2]].run is not idx._entries[a[2]].run  # a branch: a new run
+    for keys in (a, b):
+        for i in range(6):
+            for j in range(i + 1, 7):
+                assert idx.chain_slots(keys[i:j]) == idx.slots_of(keys[i:j])
+    idx.check()
+    small = SlotIndex(6, make_eviction_policy("lru", 6))
+    store(small, a, 6)
+    store(small, b, 4)  # evicts a's tail: a's run is cut
+    small.check()
+    held = small.prefix_len(a)
+    assert held < 6 and small.chain_slots(a[:held]) == small.slots_of(a[:held])
+    assert store(small, a, 6) == 6  # the cut run grows again
+    small.check()
+    assert small.chain_slots(a) == small.slots_of(a)
+    restored = SlotIndex(12, make_eviction_policy("lru", 12))
+    restored.restore([(k, idx.slot_of(k), idx.parent_of(k)) for k in [*a, *b[2:]]])
+    restored.check()
+    assert restored.chain_slots(a) == idx.chain_slots(a)
+    assert restored.chain_slots(b) == idx.chain_slots(b)

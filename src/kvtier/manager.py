@@ -51,7 +51,8 @@ class ScheduledRequest:
 
 StoreHook = Callable[[str, int, Sequence[Key]], None]
 """Told ``(req_id, first chunk index, keys)`` of every store planned from a request's engine
-blocks (:class:`CacheManager.on_store_planned`)."""
+blocks (:class:`CacheManager.on_store_planned`); ``keys`` is the store's own list, which
+nothing changes after (a listener may keep it)."""
 
 
 def _no_hook(req_id: str, first: int, keys: Sequence[Key]) -> None:
@@ -365,6 +366,12 @@ class CacheManager:
 
     def num_requests(self) -> int:
         return len(self._reqs)
+
+
+def knows(manager: CacheManager, req_id: str) -> bool:
+    """Whether the manager has state for the request (it read its inputs at its first
+    lookup, and reads them no more)."""
+    return req_id in manager._reqs
 
 
 def chain_keys(manager: CacheManager, req_id: str) -> Sequence[Key]:

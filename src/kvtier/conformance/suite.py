@@ -294,8 +294,8 @@ class _ContractTests(_Base):
         heard: list[tuple[str, Key]] = []
 
         class Listener:
-            def ready(self, key: Key) -> None:
-                heard.append(("ready", key))
+            def ready_run(self, keys: list[Key]) -> None:
+                heard.extend(("ready", k) for k in keys)
 
             def unready(self, key: Key) -> None:
                 heard.append(("unready", key))

@@ -110,7 +110,9 @@ class LoadPlanner:
             deepest = max(deepest, t)
             req.load_runs.append(HitRun(max(start, c0 * c), min(end, c1 * c), tier.source))
             b0 = max(first_block, c0 * bpc)
-            blocks = list(block_ids[b0 : c1 * bpc])
+            blocks = block_ids[b0 : c1 * bpc]
+            if not isinstance(blocks, list):  # a list's slice is a copy already
+                blocks = list(blocks)
             if len(blocks) != c1 * bpc - b0:
                 raise ValueError(
                     f"request {req_id}: {len(block_ids)} blocks allocated, the hit needs {c1 * bpc}"
@@ -123,7 +125,7 @@ class LoadPlanner:
                 tier_name,
                 sync,
                 chunk_keys,
-                tier.index.slots_of(chunk_keys),
+                tier.index.chain_slots(chunk_keys),
                 blocks,
                 b0 - c0 * bpc,
             )

@@ -13,13 +13,21 @@ chunks) drops the chain, as eviction without demotion would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvtier.jobs import TransferJob
 from kvtier.keys import Key
 from kvtier.metrics import Metrics
 from kvtier.stack.job_table import JobTable
 from kvtier.stack.stack import TierStack
+
+CopyHook = Callable[[Sequence[Key], int], None]
+"""Told ``(keys, start)`` before ``keys[start:]``, the rest of a finished transfer of chain
+``keys``, are copied on to the tier below (:meth:`kvtier.events.TierEvents.copying`)."""
+
+
+def _no_copy_hook(keys: Sequence[Key], start: int) -> None:
+    return None
 
 
 class Movement:
@@ -34,6 +42,7 @@ class Movement:
         that copy job's id. Empty unless some edge demotes."""
         self.pending: list[TransferJob] = []
         """Copies planned as jobs ended; they go into the next step's plan."""
+        self.on_copy_planned: CopyHook = _no_copy_hook  # tier events name copies there
 
     def reserve(
         self, t: int, keys: Sequence[Key], parent: Key | None, req_id: str
@@ -160,6 +169,8 @@ class Movement:
         if present >= n:
             return
         anchor = keys[present - 1] if present else parents[0]
+        if present:
+            self.on_copy_planned(keys, present)
         self.pending += self._copy(
             t,
             list(keys[present:n]),

@@ -14,6 +14,8 @@ Invariants (checked by :meth:`SlotIndex.check`):
   whose store finished first waits (``done``) and is promoted with its parent.
 - A slot is *evictable* only when READY, unpinned (no load in flight) and childless. Slots
   being stored or loaded are never handed out again.
+- *Runs.* Every entry belongs to one path of the tree, a :class:`~kvtier.tiers.runs.Run`,
+  so a chain's slots are a few list slices (:meth:`SlotIndex.chain_slots`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from operator import itemgetter
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
 from kvtier.tiers.base import IndexListener
+from kvtier.tiers.runs import Run, run_after, run_slots
 
 STORING = 0
 READY = 1
@@ -34,6 +37,9 @@ READY = 1
 class _Entry:
     slot: int
     parent: Key | None
+    run: Run
+    pos: int
+    """Position in ``run``."""
     state: int = STORING
     pins: int = 0
     done: bool = False
@@ -154,6 +160,12 @@ class SlotIndex:
         # One C call for the lot: ~35 ns a key here, where mapping __getitem__ took ~55.
         return list(itemgetter(*keys)(self._slots))
 
+    def chain_slots(self, keys: Sequence[Key]) -> list[int]:
+        """Slots of ``keys``, consecutive keys of one chain of this index (each the child
+        of the one before; KeyError for an absent one): what :meth:`slots_of` answers, in
+        O(runs * log chunks) (see the module docstring's *Runs*)."""
+        return run_slots(self._entries, keys)
+
     def ready_keys(self) -> list[Key]:
         return [k for k, e in self._entries.items() if e.state == READY and not e.doomed]
 
@@ -202,12 +214,16 @@ class SlotIndex:
         n = min(len(keys), len(self._free))
         slots = [self._free.pop() for _ in range(n)]
         prev = parent
+        run, pos = run_after(self._entries[parent] if parent is not None else None)
+        run.keys += keys[:n]
+        run.slots += slots
         for key, slot in zip(keys[:n], slots, strict=True):
-            self._entries[key] = _Entry(slot, prev)
+            self._entries[key] = _Entry(slot, prev, run, pos)
             self._slots[key] = slot
             if prev is not None:
                 self._entries[prev].children.append(key)
             prev = key
+            pos += 1
         # The policy inserts children first (by default), then the existing ancestors are
         # touched: every ancestor stays more recent than its descendants, so recency orders
         # meet leaves first and eviction never has to scan past inner nodes.
@@ -222,36 +238,12 @@ class SlotIndex:
             touch(key)
             key = entries[key].parent
 
-    def commit(self, keys: Iterable[Key], ok: Iterable[bool]) -> list[Key]:
+    def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
         """Finish stores: successful keys become READY, failed ones are dropped with their
-        descendants. Returns the keys dropped."""
-        dropped: list[Key] = []
-        for key, success in zip(keys, ok, strict=True):
-            e = self._entries.get(key)
-            if e is None or e.state != STORING:
-                continue
-            if not success or e.doomed or (e.parent is not None and e.parent not in self._entries):
-                e.done = True  # its write is over: its slot may be reused now
-                dropped.extend(self._drop(key))
-                continue
-            e.done = True
-            if e.parent is None or self._entries[e.parent].state == READY:
-                self._promote(key)
-        return dropped
-
-    def _promote(self, key: Key) -> None:
-        stack = [key]
-        listener = self.listener
-        while stack:  # depth first from ``key``: every parent is told before its children
-            k = stack.pop()
-            e = self._entries[k]
-            e.state = READY
-            e.done = False
-            if listener is not None:
-                listener.ready(k)
-            stack.extend(
-                c for c in e.children if self._entries[c].done and not self._entries[c].doomed
-            )
+        descendants. Returns the keys dropped. The listener hears each chain this makes
+        READY in one ``ready_run``, before any removal the call makes; while the keys are
+        promoted in order (a store's own commit), that costs nothing per key."""
+        return commit_chain(self, keys, ok)
 
     def restore(self, entries: Iterable[tuple[Key, int, Key | None]]) -> int:
         """Re-admit READY chunks at known slots into an empty index (a tier's restart);
@@ -359,6 +351,7 @@ class SlotIndex:
     def _remove(self, key: Key, evicted: bool) -> None:
         e = self._entries.pop(key)
         del self._slots[key]
+        e.run.cut(e.pos)  # its successors there left first
         if self.listener is not None:
             if e.state == READY and not e.doomed:
                 self.listener.unready(key)
@@ -380,6 +373,93 @@ class SlotIndex:
     def check(self) -> None:
         """Raise AssertionError if an invariant is broken (tests and debugging)."""
         check_index(self, self._entries, self._free)
+
+
+def commit_chain(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
+    """:meth:`SlotIndex.commit`. In-order promotions (each key's parent READY when the loop
+    reaches it, no waiting child) are the fast path: nothing is recorded for them, and
+    ``tell_ready`` finds them as the head of ``keys``; anything else starts recording."""
+    dropped: list[Key] = []
+    entries, listener = index._entries, index.listener
+    rec: list[Key] | None = None  # with a listener, once the order broke: READY since
+    head = i = 0  # keys promoted in order before that
+    for i, (key, success) in enumerate(zip(keys, ok, strict=True)):
+        e = entries.get(key)
+        if e is None or e.state != STORING:
+            if listener is not None and rec is None:
+                rec, head = [], i
+            continue
+        if not success or e.doomed or (e.parent is not None and e.parent not in entries):
+            e.done = True  # its write is over: its slot may be reused now
+            if listener is not None:
+                if rec is None:
+                    rec, head = [], i
+                tell_ready(listener, entries, keys, head, rec)
+                head = 0
+            dropped.extend(index._drop(key))
+            continue
+        e.done = True
+        if e.parent is None or entries[e.parent].state == READY:
+            e.state = READY
+            e.done = False
+            if rec is not None:
+                rec.append(key)
+            for c in e.children:
+                ce = entries[c]
+                if ce.done and not ce.doomed:  # its store ended first: ready now too
+                    if listener is not None and rec is None:
+                        rec, head = [], i + 1
+                    promote(entries, c, rec)
+        elif listener is not None and rec is None:
+            rec, head = [], i
+    if listener is not None:
+        if rec is None:
+            rec, head = [], (i + 1 if keys else 0)
+        tell_ready(listener, entries, keys, head, rec)
+    return dropped
+
+
+def promote(entries: dict[Key, _Entry], key: Key, rec: list[Key] | None) -> None:
+    """Make ``key`` READY, and the descendants whose stores ended while they waited for it,
+    depth first (every parent before its children), appending them to ``rec``."""
+    stack = [key]
+    while stack:
+        k = stack.pop()
+        e = entries[k]
+        e.state = READY
+        e.done = False
+        if rec is not None:
+            rec.append(k)
+        stack.extend(c for c in e.children if entries[c].done and not entries[c].doomed)
+
+
+def tell_ready(
+    listener: IndexListener,
+    entries: dict[Key, _Entry],
+    keys: Sequence[Key],
+    head: int,
+    rec: list[Key],
+) -> None:
+    """Tell ``listener`` what a commit made READY: ``keys[:head]``, promoted in order, then
+    ``rec``; as chains, one ``ready_run`` each. The head is one chain when it is the run of
+    the index it starts in (one C-level comparison); ``rec`` is cut where a key's parent is
+    not the key before it. Empties ``rec``."""
+    chains: list[list[Key]] = []
+    if head:
+        e0 = entries[keys[0]]
+        part = e0.run.keys[e0.pos : e0.pos + head]
+        if part == (keys if head == len(keys) else keys[:head]):
+            chains.append(part)
+        else:
+            rec[:0] = keys[:head]  # not one path (not a store's chain): as any keys
+    for k in rec:
+        if chains and chains[-1][-1] == entries[k].parent:
+            chains[-1].append(k)
+        else:
+            chains.append([k])
+    rec.clear()
+    for chain in chains:
+        listener.ready_run(chain)
 
 
 def evict_leaves(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
@@ -440,6 +520,13 @@ def check_index(index: SlotIndex, entries: dict[Key, _Entry], free: list[int]) -
                 assert p.state == READY, "READY child of a non-READY parent"
         for c in e.children:
             assert entries[c].parent == key
+        run = e.run
+        assert run.keys[e.pos] == key and run.slots[e.pos] == e.slot, "run out of step"
+        if e.pos > 0:
+            assert e.parent == run.keys[e.pos - 1], "a run is not a path"
+    for run in {id(e.run): e.run for e in entries.values()}.values():
+        assert len(run.keys) == len(run.slots)
+        assert all(k in entries and entries[k].run is run for k in run.keys), "run holds a gone key"
 
 
 def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | None]]) -> int:
@@ -458,13 +545,16 @@ def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | No
         if parent is not None and parent not in index._entries:
             raise ValueError("restore: a parent must come before its children")
         taken.add(slot)
-        index._entries[key] = _Entry(slot, parent, state=READY)
+        run, pos = run_after(index._entries[parent] if parent is not None else None)
+        run.keys.append(key)
+        run.slots.append(slot)
+        index._entries[key] = _Entry(slot, parent, run, pos, state=READY)
         index._slots[key] = slot
         if parent is not None:
             index._entries[parent].children.append(key)
         index.policy.insert(key)
         if index.listener is not None:
-            index.listener.ready(key)
+            index.listener.ready_run([key])
     index.recency.changed()
     # Lowest free slots first, as on a fresh index.
     index._free = [s for s in range(index.num_slots - 1, -1, -1) if s not in taken]

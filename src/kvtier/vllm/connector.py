@@ -40,11 +40,11 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
-from kvtier.keyinputs import KeyInputs
+from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
+from kvtier.manager import CacheManager, ScheduledRequest, knows, resolve_chunk_tokens
 from kvtier.metrics import Metrics
 from kvtier.stack.build import build_stack, build_stores, tier_files
 from kvtier.stack.kinds import TierContext
@@ -248,11 +248,12 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         assert self.manager is not None
+        # The manager reads a request's inputs at its first lookup only; a multimodal one's
+        # cost a digest of each item's mask, so later lookups do not build them again.
+        known = knows(self.manager, request.request_id)
+        inputs = NO_INPUTS if known else self.setup.key_inputs(request)
         hit = self.manager.lookup(
-            request.request_id,
-            request.all_token_ids,
-            num_computed_tokens,
-            inputs=self.setup.key_inputs(request),
+            request.request_id, request.all_token_ids, num_computed_tokens, inputs=inputs
         )
         if hit is None:
             return None, False

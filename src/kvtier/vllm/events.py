@@ -26,7 +26,7 @@ Faults: building an event must never fail the engine's step; a run that cannot b
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import (
@@ -124,6 +124,7 @@ class ConnectorEvents:
         """Runs that could not be described (no block hashes): not published."""
         self.convert: Callable[[Any], Any] = maybe_convert_block_hash
         manager.on_store_planned = self._planned
+        manager.movement.on_copy_planned = self.log.copying
 
     def _source(self, request: Request) -> RequestSource:
         src = self._sources.get(request.request_id)
@@ -131,10 +132,11 @@ class ConnectorEvents:
             src = self._sources[request.request_id] = RequestSource(request)
         return src
 
-    def _planned(self, req_id: str, first: int, keys: Iterable[Key]) -> None:
+    def _planned(self, req_id: str, first: int, keys: Sequence[Key]) -> None:
         request = self.requests.get(req_id)
-        if request is not None:
-            self.log.learn(self._source(request), first, list(keys))
+        if request is not None:  # the manager's list is the store's own: kept as it is
+            kept = keys if isinstance(keys, list) else list(keys)
+            self.log.learn(self._source(request), first, kept)
 
     def looked_up(self, request: Request) -> None:
         """A request was looked up: announce what restored tiers hold of its prefix (a
@@ -166,10 +168,10 @@ class ConnectorEvents:
         return out
 
     def _stored(self, run: EventRun) -> BlockStored | None:
-        src = run.chunks[0][0]
+        src = run.source
         assert isinstance(src, RequestSource)
         k, bs = self.blocks_per_chunk, self.block_size
-        b0, b1 = run.chunks[0][1] * k, (run.chunks[-1][1] + 1) * k
+        b0, b1 = run.first * k, (run.first + run.count) * k
         if len(src.hashes) < b1:
             return None
         convert = self.convert
@@ -204,7 +206,7 @@ class ConnectorEvents:
     def _removed(self, run: EventRun) -> BlockRemoved | None:
         k, convert = self.blocks_per_chunk, self.convert
         hashes = []
-        for src, i in run.chunks:
+        for src, i in run.removals:
             assert isinstance(src, RequestSource)
             if len(src.hashes) < (i + 1) * k:
                 return None

@@ -262,7 +262,10 @@ def _inspect_events(conn: Any, keys: bool) -> dict[str, Any]:
         out["events"] = {
             "dropped_runs": conn.events.dropped_runs,
             "unknown": conn.events.log.unknown,
-            "identities": len(conn.events.log.identities),
+            "starts": len(conn.events.log.starts()),
+            "announced": {
+                t.name: conn.events.log.announced[i] for i, t in enumerate(m.tiers) if not t.shared
+            },
         }
     return out
 
