@@ -123,3 +123,27 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     print(f"\nresults written to {p}")
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Worst (lowest), median and best (highest) of a higher-is-better figure over runs."""
+    return {
+        "worst": min(values),
+        "median": float(statistics.median(values)),
+        "best": max(values),
+    }
+
+
+def over_runs(runs: Sequence[dict[str, float | None]]) -> dict[str, float | None]:
+    """Higher-is-better figures measured once per run, summarized over the runs: ``key``
+    holds the worst run, ``key_median`` the median and ``key_best`` the best (None where a
+    run did not measure it)."""
+    out: dict[str, float | None] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        if any(v is None for v in values):
+            out[key] = out[f"{key}_median"] = out[f"{key}_best"] = None
+            continue
+        s = spread([float(v) for v in values if v is not None])
+        out[key], out[f"{key}_median"], out[f"{key}_best"] = s["worst"], s["median"], s["best"]
+    return out

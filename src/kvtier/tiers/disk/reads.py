@@ -69,6 +69,7 @@ class SlabReads(SlabWrites):
                 batch.start[a : b + 1],
                 ptrs,
                 batch.lens,
+                self._stride - self.slot_bytes,
                 seeds[a:b],
                 sums[a:b],
             )
