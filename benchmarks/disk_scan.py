@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import fmt_bytes, format_table
 from kvtier.keys import KEY_BYTES, Namespace
 from kvtier.tiers.disk.format import SlabGeometry, pack_header, slab_file_name
 from kvtier.tiers.disk.slab import DiskSlab, DiskTier
@@ -79,3 +80,22 @@ def run_scan(root: Path, slot_bytes: int, cold: bool) -> dict[str, Any]:
         return out
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def scan_table(scans: list[dict[str, Any]]) -> str:
+    """The readable table of :func:`run_scan` results."""
+    return format_table(
+        ["slot", "slots", "scan", "scan cold", "open + restore"],
+        [
+            [
+                fmt_bytes(s["slot_bytes"]),
+                s["slots"],
+                f"{s['scan_s'] * 1e3:.0f} ms",
+                f"{s['scan_cold_s'] * 1e3:.0f} ms" if "scan_cold_s" in s else "",
+                f"{s['open_restore_s']:.2f} s",
+            ]
+            for s in scans
+        ],
+        title="10 GiB tiers (sparse): DiskSlab.scan reads headers only; open + "
+        "restore = DiskTier(...) including restore_index",
+    )

@@ -19,12 +19,13 @@ chunk size S in 64 KiB, 256 KiB, 1 MiB, 4 MiB:
   overwrite cached pages, on both sides. (Without this, each side's page cache has the
   folio sizes its own first writes happened to get, which alone moved raw reads between
   7 and 13 GB/s on this machine: one cause of the bimodal ratios.)
-- ``kvtier store`` / ``kvtier load``: ``DiskSlab.write`` / ``DiskSlab.read`` of the whole
-  batch, one call (what a transfer job does): payload checksum (xxh3_64) computed on every
+- ``kvtier store`` / ``kvtier load``: ``DiskSlab.write_buffers`` / ``DiskSlab.read_buffers``
+  of the whole batch, one call (what a transfer job does; the chunks' address arrays are
+  built before timing, as a job's plan is): payload checksum (xxh3_64) computed on every
   store and verified on every load, headers written, the batch split over the slab's
   ``--threads`` I/O threads (the calling thread runs one part); the native data path
   (``kvtier.tiers.disk.native``) when it is built, as in production (``KVTIER_DISK_NATIVE=0``
-  measures the Python path).
+  measures the Python path, through ``DiskSlab.write`` / ``DiskSlab.read``).
 - Baselines, same bytes, same offsets, same run: one ``os.pwritev``/``os.preadv`` per chunk
   straight from/into the same tensors, on one thread (``raw1``) and split the same way over
   the same number of threads (``rawN``: contiguous parts, the calling thread runs the
@@ -53,7 +54,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -61,13 +61,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
-from common import fmt_bytes, format_table, machine_info, over_runs, spread, write_json
-from disk_scan import HAS_FADVISE, NS, run_scan
+from common import (
+    Timing,
+    best_rounds,
+    by_size,
+    fmt_bytes,
+    format_table,
+    machine_info,
+    over_runs,
+    timed,
+    write_json,
+)
+from disk_scan import HAS_FADVISE, NS, run_scan, scan_table
 from disk_ttft import vllm_disk_ttft
 from kvtier.keys import KEY_BYTES
+from kvtier.tiers.base import Buffers
 from kvtier.tiers.disk.format import slab_file_name
 from kvtier.tiers.disk.native import native_io
 from kvtier.tiers.disk.slab import DiskSlab
@@ -89,8 +101,9 @@ HOT_OPS = (
 )
 COLD_OPS = ("kvtier_load_cold", "raw1_load_cold", "rawN_load_cold")
 SIDES = {
-    "kvtier": "DiskSlab.write/read: one call per batch, xxh3_64 of every payload (computed "
-    "on store, verified on load), headers, split over the slab's I/O threads",
+    "kvtier": "DiskSlab.write_buffers/read_buffers (write/read on the Python path): one call "
+    "per batch, xxh3_64 of every payload (computed on store, verified on load), headers, "
+    "split over the slab's I/O threads",
     "raw1": "one os.pwritev/os.preadv per chunk at the slab's payload offsets, one thread",
     "rawN": "raw1 split in contiguous parts over the same number of threads (the caller "
     "runs the first)",
@@ -101,15 +114,13 @@ SIDES = {
 }
 
 
-Timing = tuple[float, float]
-"""Wall-clock and CPU seconds (all threads of the process) of one operation."""
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Timing, Any]:
-    """``fn()``'s wall and process CPU seconds, and its result."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
-    return (time.perf_counter() - t0, time.process_time() - c0), out
+def rows_buffers(t: torch.Tensor) -> Buffers:
+    """The rows of a contiguous 2-D uint8 tensor as one chunk each (untimed, as a transfer
+    job's plan is built before its copies)."""
+    n, size = t.shape
+    ptrs = t.data_ptr() + np.arange(n, dtype=np.uint64) * np.uint64(size)
+    empty = np.zeros(0, dtype=np.int64)
+    return Buffers(np.arange(n + 1, dtype=np.int64), ptrs, np.full(n, size, np.uint64), empty)
 
 
 class SizeBench:
@@ -176,14 +187,24 @@ class SizeBench:
     # -- the timed operations (each returns wall and CPU seconds) ----------------------------
 
     def kvtier_store(self) -> Timing:
-        segs = [[(0, self.src[i])] for i in range(self.n)]
-        t, ok = timed(lambda: self.slab.write(self.slots, self.keys, segs, parents=self.parents))
+        slab, slots, keys, parents = self.slab, self.slots, self.keys, self.parents
+        if slab.accepts_buffers():  # what a transfer job calls (kvtier.transfer.plans)
+            src = rows_buffers(self.src)
+            t, ok = timed(lambda: slab.write_buffers(slots, keys, src, parents=parents))
+        else:
+            segs = [[(0, self.src[i])] for i in range(self.n)]
+            t, ok = timed(lambda: slab.write(slots, keys, segs, parents=parents))
         assert all(ok), "store failed"
         return t
 
     def kvtier_load(self) -> Timing:
-        segs = [[(0, self.dst[i])] for i in range(self.n)]
-        t, ok = timed(lambda: self.slab.read(self.slots, self.keys, segs))
+        slab, slots, keys = self.slab, self.slots, self.keys
+        if slab.accepts_buffers():
+            dst = rows_buffers(self.dst)
+            t, ok = timed(lambda: slab.read_buffers(slots, keys, dst))
+        else:
+            segs = [[(0, self.dst[i])] for i in range(self.n)]
+            t, ok = timed(lambda: slab.read(slots, keys, segs))
         assert all(ok), "load failed"
         return t
 
@@ -316,8 +337,7 @@ def run_size(
             times.update(
                 _rounds({name: getattr(bench, name) for name in COLD_OPS}, max(1, rounds // 3))
             )
-        best = {k: min(w for w, _ in v) for k, v in times.items()}
-        cpu = {k: min(c for _, c in v) for k, v in times.items()}
+        best, cpu = best_rounds(times)
         nb = bench.nbytes
         return {
             "chunk_bytes": size,
@@ -337,32 +357,6 @@ def run_size(
         }
     finally:
         bench.close()
-
-
-def _by_size(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per chunk size: each run's figures, and every ratio's worst / median / best."""
-    cases = []
-    for k, size in enumerate(CHUNK_SIZES):
-        per_run = [r[k] for r in runs]
-        ratios = {
-            key: spread([p["ratios_best"][key] for p in per_run])
-            for key in per_run[0]["ratios_best"]
-        }
-        gbps = {
-            op: statistics.median(p["gbps_best"][op] for p in per_run)
-            for op in per_run[0]["gbps_best"]
-        }
-        cases.append(
-            {
-                "chunk_bytes": size,
-                "chunks": per_run[0]["chunks"],
-                "batch_bytes": per_run[0]["batch_bytes"],
-                "ratios": ratios,
-                "gbps_median_run": gbps,
-                "runs": per_run,
-            }
-        )
-    return cases
 
 
 def _print_results(cases: Sequence[dict[str, Any]], cold: bool, runs: int) -> None:
@@ -485,28 +479,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    cases = _by_size(runs)
+    cases = by_size(runs)
     print()
     _print_results(cases, cold, repeats)
     if scans:
         print()
-        print(
-            format_table(
-                ["slot", "slots", "scan", "scan cold", "open + restore"],
-                [
-                    [
-                        fmt_bytes(s["slot_bytes"]),
-                        s["slots"],
-                        f"{s['scan_s'] * 1e3:.0f} ms",
-                        f"{s['scan_cold_s'] * 1e3:.0f} ms" if "scan_cold_s" in s else "",
-                        f"{s['open_restore_s']:.2f} s",
-                    ]
-                    for s in scans
-                ],
-                title="10 GiB tiers (sparse): DiskSlab.scan reads headers only; open + "
-                "restore = DiskTier(...) including restore_index",
-            )
-        )
+        print(scan_table(scans))
 
     ttft = None if args.no_vllm else vllm_disk_ttft(args.ttft_prompts, args.dir)
 

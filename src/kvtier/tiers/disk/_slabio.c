@@ -11,7 +11,8 @@
  * goes back to main memory, however large the chunk. Chunks that lie back to back in one
  * file (consecutive slots) share a piece: one syscall moves several small chunks, and the
  * stride padding between them goes to a discard buffer (reads) or comes from zeros
- * (writes).
+ * (writes). Buffers that are adjacent in memory (consecutive engine blocks of one layer)
+ * go to the kernel as one.
  *
  * Why these piece sizes (benchmarks/disk_tier.py, and a C loop of the same syscalls, on a
  * Zen 4 with 1 MiB of L2 per core): every syscall on a file has a fixed cost (~0.7 us per
@@ -128,9 +129,13 @@ static int next_piece(cursor *c, struct iovec *iov, size_t *bytes, size_t piece)
         uint64_t left = c->len[c->j] - c->in;
         size_t m = left < piece - got ? (size_t)left : piece - got;
         if (m) {
-            iov[cnt].iov_base = (char *)(uintptr_t)c->ptr[c->j] + c->in;
-            iov[cnt].iov_len = m;
-            cnt++;
+            char *base = (char *)(uintptr_t)c->ptr[c->j] + c->in;
+            if (cnt && (char *)iov[cnt - 1].iov_base + iov[cnt - 1].iov_len == base)
+                iov[cnt - 1].iov_len += m; /* adjacent in memory: one buffer */
+            else {
+                iov[cnt].iov_base = base;
+                iov[cnt++].iov_len = m;
+            }
             got += m;
         }
         c->in += m;
@@ -223,8 +228,13 @@ static int group_iov(const batch *b, int64_t i, int64_t k, void *padbuf, int tai
         }
         for (int64_t j = b->start[m]; j < b->start[m + 1]; j++) {
             if (!b->len[j]) continue;
-            v[cnt].iov_base = (void *)(uintptr_t)b->ptr[j];
-            v[cnt++].iov_len = (size_t)b->len[j];
+            char *base = (char *)(uintptr_t)b->ptr[j];
+            if (cnt && (char *)v[cnt - 1].iov_base + v[cnt - 1].iov_len == base)
+                v[cnt - 1].iov_len += (size_t)b->len[j]; /* adjacent in memory */
+            else {
+                v[cnt].iov_base = base;
+                v[cnt++].iov_len = (size_t)b->len[j];
+            }
             t += (size_t)b->len[j];
         }
     }
