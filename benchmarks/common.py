@@ -162,6 +162,22 @@ def over_runs(runs: Sequence[dict[str, float | None]]) -> dict[str, float | None
     return out
 
 
+def interleaved_rounds(
+    ops: dict[str, Callable[[], Timing]], rounds: int
+) -> dict[str, list[Timing]]:
+    """Every operation once per round, one warm-up round then ``rounds`` timed ones; the
+    order of the operations is reversed every other round, so a drift within a round (a
+    neighbour's load, the kernel's background work) favours no side of a comparison."""
+    times: dict[str, list[Timing]] = {name: [] for name in ops}
+    names = list(ops)
+    for r in range(rounds + 1):  # round 0 is a warm-up
+        for name in names if r % 2 == 0 else names[::-1]:
+            t = ops[name]()
+            if r:
+                times[name].append(t)
+    return times
+
+
 def best_rounds(times: dict[str, list[Timing]]) -> tuple[dict[str, float], dict[str, float]]:
     """Per operation, its best round's wall and CPU seconds (each the minimum)."""
     wall = {k: min(w for w, _ in v) for k, v in times.items()}

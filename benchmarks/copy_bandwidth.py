@@ -28,13 +28,15 @@ beside them). Within a run, per chunk size S in 4 KiB, 16 KiB, 64 KiB, 256 KiB, 
   ``slab_rows`` is the slab's own slots ``0..n-1``: both sides read and write the same
   pages, so whether the kernel backed the slab with huge pages (it varies with memory
   fragmentation, run to run) cannot favour one side. (The baseline used to write a
-  separate ``torch.zeros`` buffer of small pages: one cause of ratios that moved between
-  0.89 and 1.16 from one sitting to the next.)
+  separate ``torch.zeros`` buffer of small pages while kvtier wrote the slab's huge pages:
+  a difference of memory, not of copy code, that moved the ratios with the kernel's luck
+  in granting huge pages; each run records how much of the slab it got.)
 
-All operations of one size run interleaved, ``--rounds`` timed rounds (default 5) after one
-warm-up round; a run's figure for an operation is its best round. Results are checked for
-byte equality once per size and run. Python's cyclic GC heap is frozen after setup
-(``gc.freeze()``, as vLLM does after start-up); GC stays enabled.
+All operations of one size run interleaved (the order reversed every other round),
+``--rounds`` timed rounds (default 5) after one warm-up round; a run's figure for an
+operation is its best round. Results are checked for byte equality once per size and run.
+Python's cyclic GC heap is frozen after setup (``gc.freeze()``, as vLLM does after
+start-up); GC stays enabled.
 ``torch.set_num_threads(1)`` for every copy, kvtier's and the baselines' alike (the queue
 threads inherit it), so the comparison is per core: one copying thread on each side (the
 baseline on the calling thread, kvtier on its queue thread while the caller waits).
@@ -62,6 +64,7 @@ from common import (
     by_size,
     fmt_bytes,
     format_table,
+    interleaved_rounds,
     machine_info,
     over_runs,
     timed,
@@ -206,17 +209,12 @@ def run_size(
     try:
         bench.check()
         ops: dict[str, Callable[[], Timing]] = {name: getattr(bench, name) for name in OPS}
-        times: dict[str, list[Timing]] = {name: [] for name in OPS}
         # As vLLM does after start-up: long-lived objects leave the cyclic GC's view, so a
         # full collection (~70 ms over torch's import-time objects on this box) does not
         # land on whichever operation happens to trigger it.
         gc.collect()
         gc.freeze()
-        for r in range(rounds + 1):  # round 0 is a warm-up
-            for name, fn in ops.items():
-                t = fn()
-                if r:
-                    times[name].append(t)
+        times = interleaved_rounds(ops, rounds)
         best, cpu = best_rounds(times)
         nb = bench.nbytes
         return {

@@ -37,10 +37,10 @@ chunk size S in 64 KiB, 256 KiB, 1 MiB, 4 MiB:
   the raw files before each cold load (both sides dropped the same way), so both read
   from the device.
 
-All operations of one size run interleaved, ``--rounds`` timed rounds (default 3) after one
-warm-up round; a run's figure for an operation is its best round. Loads are checked for
-byte equality once per size and run. Files are deleted after each size (peak disk use
-~2 x batch).
+All operations of one size run interleaved (the order reversed every other round),
+``--rounds`` timed rounds (default 3) after one warm-up round; a run's figure for an
+operation is its best round. Loads are checked for byte equality once per size and run.
+Files are deleted after each size (peak disk use ~2 x batch).
 
 Scan: the start-up cost of rebuilding the index from headers (``disk_scan.py``), once.
 
@@ -71,6 +71,7 @@ from common import (
     by_size,
     fmt_bytes,
     format_table,
+    interleaved_rounds,
     machine_info,
     over_runs,
     timed,
@@ -296,16 +297,6 @@ class SizeBench:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _rounds(ops: dict[str, Callable[[], Timing]], rounds: int) -> dict[str, list[Timing]]:
-    times: dict[str, list[Timing]] = {name: [] for name in ops}
-    for r in range(rounds + 1):  # round 0 is a warm-up
-        for name, fn in ops.items():
-            t = fn()
-            if r:
-                times[name].append(t)
-    return times
-
-
 def _ratios(t: dict[str, float], cold: bool) -> dict[str, float]:
     """kvtier against the baselines, from seconds per operation (higher is better)."""
     out = {
@@ -332,10 +323,12 @@ def run_size(
     try:
         bench.check()
         bench.settle_page_cache()
-        times = _rounds({name: getattr(bench, name) for name in HOT_OPS}, rounds)
+        times = interleaved_rounds({name: getattr(bench, name) for name in HOT_OPS}, rounds)
         if cold:
             times.update(
-                _rounds({name: getattr(bench, name) for name in COLD_OPS}, max(1, rounds // 3))
+                interleaved_rounds(
+                    {name: getattr(bench, name) for name in COLD_OPS}, max(1, rounds // 3)
+                )
             )
         best, cpu = best_rounds(times)
         nb = bench.nbytes

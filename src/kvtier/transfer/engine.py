@@ -159,10 +159,12 @@ class TransferEngine:
     def submit(self, job: TransferJob) -> None:
         """Queue a job on its lane (see the module docstring).
 
-        The copy plan (engine views per chunk) of sync loads and stores is built here, on
-        the caller's thread, so the queue threads only run copies, which release the GIL;
-        an async load is planned on its queue thread (a 4k-token disk load takes tens of
-        milliseconds to plan, which would otherwise delay the engine's step).
+        The copy plan (:mod:`kvtier.transfer.plans`) of sync loads and stores is built
+        here, on the caller's thread, so the queue threads only run copies, which release
+        the GIL; an async load is planned on its queue thread (a 4k-token load planned as
+        segments, a view per block and layer, takes tens of milliseconds, which would
+        otherwise delay the engine's step; the disk tier's address plan takes well under
+        one).
         """
         prepared: Any = _PLAN_ON_QUEUE
         if job.sync or job.kind != "load":

@@ -95,7 +95,12 @@ class SlabBatching(SlabFiles):
         total = np.concatenate([[0], np.cumsum(lens, dtype=np.uint64)])
         if n and bool((total[start[1:]] - total[start[:-1]] != self.slot_bytes).any()):
             raise ValueError(f"buffers must cover whole {self.slot_bytes}-byte payloads")
-        if gaps.size and (whole or bool((bufs.ptrs[gaps] + lens[gaps] > self.slot_bytes).any())):
+        if gaps.size and (
+            whole
+            or int(gaps.min()) < 0
+            or int(gaps.max()) >= len(lens)
+            or bool((bufs.ptrs[gaps] + lens[gaps] > self.slot_bytes).any())
+        ):
             raise ValueError("buffers: gaps only in reads, and inside the payload")
 
     def _native_ptrs(self, batch: NativeBatch, a: int, b: int) -> np.ndarray:
