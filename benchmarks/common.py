@@ -64,6 +64,19 @@ def time_calls(fn: Callable[[], Any], iters: int, warmup: int = 3) -> list[int]:
     return out
 
 
+Timing = tuple[float, float]
+"""Wall-clock and CPU seconds (all threads of the process) of one operation."""
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Timing, Any]:
+    """``fn()``'s wall and process CPU seconds, and its result. CPU seconds count every
+    thread of the process: a figure less sensitive to other work on the machine than
+    wall time (though not to its effect on caches)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t0, time.process_time() - c0), out
+
+
 def stats_ns(samples: Sequence[int]) -> dict[str, float]:
     """Median / min / p90 / mean of nanosecond samples, in microseconds."""
     xs = sorted(samples)
@@ -145,3 +158,68 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     print(f"\nresults written to {p}")
+
+
+def over_runs(runs: Sequence[dict[str, float | None]]) -> dict[str, float | None]:
+    """Higher-is-better figures measured once per run, summarized over the runs: ``key``
+    holds the worst run, ``key_median`` the median and ``key_best`` the best (None where a
+    run did not measure it)."""
+    out: dict[str, float | None] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        if any(v is None for v in values):
+            out[key] = out[f"{key}_median"] = out[f"{key}_best"] = None
+            continue
+        s = spread([float(v) for v in values if v is not None], lower_is_better=False)
+        out[key], out[f"{key}_median"], out[f"{key}_best"] = s["worst"], s["median"], s["best"]
+    return out
+
+
+def interleaved_rounds(
+    ops: dict[str, Callable[[], Timing]], rounds: int
+) -> dict[str, list[Timing]]:
+    """Every operation once per round, one warm-up round then ``rounds`` timed ones; the
+    order of the operations is reversed every other round, so a drift within a round (a
+    neighbour's load, the kernel's background work) favours no side of a comparison."""
+    times: dict[str, list[Timing]] = {name: [] for name in ops}
+    names = list(ops)
+    for r in range(rounds + 1):  # round 0 is a warm-up
+        for name in names if r % 2 == 0 else names[::-1]:
+            t = ops[name]()
+            if r:
+                times[name].append(t)
+    return times
+
+
+def best_rounds(times: dict[str, list[Timing]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per operation, its best round's wall and CPU seconds (each the minimum)."""
+    wall = {k: min(w for w, _ in v) for k, v in times.items()}
+    cpu = {k: min(c for _, c in v) for k, v in times.items()}
+    return wall, cpu
+
+
+def by_size(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per chunk size (the i-th result of every run): every ratio of ``ratios_best`` as
+    worst / median / best over the runs, the median run's GB/s per operation, and each
+    run's figures."""
+    cases = []
+    for k in range(len(runs[0])):
+        per_run = [r[k] for r in runs]
+        first = per_run[0]
+        cases.append(
+            {
+                "chunk_bytes": first["chunk_bytes"],
+                "chunks": first["chunks"],
+                "batch_bytes": first["batch_bytes"],
+                "ratios": {
+                    key: spread([p["ratios_best"][key] for p in per_run], lower_is_better=False)
+                    for key in first["ratios_best"]
+                },
+                "gbps_median_run": {
+                    op: statistics.median(p["gbps_best"][op] for p in per_run)
+                    for op in first["gbps_best"]
+                },
+                "runs": per_run,
+            }
+        )
+    return cases

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
+import numpy as np
 import torch
 
 from kvtier.keys import Key
@@ -28,6 +29,31 @@ Segments = Sequence[tuple[int, torch.Tensor]]
 """Where one chunk's bytes go (or come from): ``(offset, tensor)`` pairs, each a 1-D uint8
 tensor holding payload bytes ``[offset, offset + numel)``. A load may cover only part of a
 payload (it skips blocks the engine already holds)."""
+
+
+class Buffers(NamedTuple):
+    """Where a batch of chunks' payloads live in host memory, as flat address arrays: the
+    vectorized form of one :data:`Segments` list per chunk, for copies of many chunks made
+    of many small pieces (a chunk of an engine's KV is one row per layer), where building a
+    tensor view per piece costs more than moving the bytes.
+
+    Chunk i is entries ``start[i] .. start[i+1] - 1`` of ``ptrs``/``lens`` (addresses and
+    byte counts), in payload order, covering its whole payload. Entries listed in ``gaps``
+    are payload ranges the caller skips (a load of blocks the engine already holds): their
+    ``ptrs`` hold the payload offset instead of an address. The caller keeps the memory
+    alive and unchanged (writes) or untouched by others (reads) for the call; a store only
+    accepts these where it can check nothing else (:meth:`SlotStore.read` stays the
+    general form).
+    """
+
+    start: np.ndarray
+    """int64, one entry per chunk and one more."""
+    ptrs: np.ndarray
+    """uint64 addresses (payload offsets for gaps)."""
+    lens: np.ndarray
+    """uint64 byte counts."""
+    gaps: np.ndarray
+    """int64 indices of the gap entries, ascending (empty for writes)."""
 
 
 class Pending:
@@ -250,6 +276,25 @@ class SlotStore(ABC):
         """Copy ``src`` segments into slots, recording ``keys`` with them. A write covers
         the whole payload. ``parents[i]`` is the key before ``keys[i]`` in its chain (None
         for a chain start); stores that survive restarts record it, others ignore it."""
+
+    def accepts_buffers(self) -> bool:
+        """Whether :meth:`read_buffers` and :meth:`write_buffers` move bytes by address
+        (stores that do implement them say True)."""
+        return False
+
+    def read_buffers(self, slots: Sequence[int], keys: Sequence[Key], dst: Buffers) -> list[bool]:
+        """:meth:`read`, with the destination given as :class:`Buffers`."""
+        raise NotImplementedError(f"{type(self).__name__} does not read into addresses")
+
+    def write_buffers(
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Buffers,
+        parents: Sequence[Key | None] | None = None,
+    ) -> list[bool]:
+        """:meth:`write`, with the source given as :class:`Buffers` (no gaps)."""
+        raise NotImplementedError(f"{type(self).__name__} does not write from addresses")
 
     def take_counters(self) -> dict[str, float]:
         """Counts of tier-specific events (kvtier metric names, e.g. bad remote values)

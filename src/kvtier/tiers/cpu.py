@@ -23,10 +23,11 @@ from kvtier.keys import Key
 from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.stack.kinds import Capabilities, TierKind, fixed
-from kvtier.tiers.base import Segments, SlotStore
+from kvtier.tiers.base import Buffers, Segments, SlotStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.transfer.copy import copy_segments, gather_rows, scatter_rows
 from kvtier.transfer.host_memory import SLICE_BYTES, HostBuffer, cuda_available
+from kvtier.transfer.regions import chunk_buffers
 
 if TYPE_CHECKING:
     from kvtier.stack.kinds import TierContext
@@ -154,6 +155,18 @@ class CpuSlab(SlotStore):
             (off, region.narrow(0, slot * bpc, bpc).view(-1))
             for off, region in zip(self._payload_offsets, self.regions, strict=True)
         ]
+
+    def payload_buffers(self, slots: Sequence[int]) -> Buffers:
+        """The payloads of ``slots`` as :class:`~kvtier.tiers.base.Buffers` (for copies
+        from this tier to a store that accepts addresses); ValueError for a slot out of
+        range."""
+        sl = np.asarray(slots, dtype=np.int64)
+        if sl.size and (int(sl.min()) < 0 or int(sl.max()) >= self.num_slots):
+            raise ValueError(f"slots outside [0, {self.num_slots})")
+        bpc = self.blocks_per_chunk
+        rows = (sl[:, None] * bpc + np.arange(bpc, dtype=np.int64)).reshape(-1)
+        bases = np.array([r.data_ptr() for r in self.regions], dtype=np.uint64)
+        return chunk_buffers(bases, np.array(self.row_bytes, dtype=np.int64), rows, bpc)
 
     # -- the batched path --------------------------------------------------------------------
 

@@ -30,7 +30,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from kvtier import timeline
@@ -39,6 +38,7 @@ from kvtier.tiers.base import SlotStore
 from kvtier.transfer.copy import copy_segments
 from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
+from kvtier.transfer.plans import make_plan, run_plan
 from kvtier.transfer.regions import KVRegions
 
 AnyRegions = KVRegions | GroupedRegions
@@ -159,10 +159,12 @@ class TransferEngine:
     def submit(self, job: TransferJob) -> None:
         """Queue a job on its lane (see the module docstring).
 
-        The copy plan (engine views per chunk) of sync loads and stores is built here, on
-        the caller's thread, so the queue threads only run copies, which release the GIL;
-        an async load is planned on its queue thread (a 4k-token disk load takes tens of
-        milliseconds to plan, which would otherwise delay the engine's step).
+        The copy plan (:mod:`kvtier.transfer.plans`) of sync loads and stores is built
+        here, on the caller's thread, so the queue threads only run copies, which release
+        the GIL; an async load is planned on its queue thread (a 4k-token load planned as
+        segments, a view per block and layer, takes tens of milliseconds, which would
+        otherwise delay the engine's step; the disk tier's address plan takes well under
+        one).
         """
         prepared: Any = _PLAN_ON_QUEUE
         if job.sync or job.kind != "load":
@@ -244,48 +246,8 @@ class TransferEngine:
     # -- execution ---------------------------------------------------------------------------
 
     def plan(self, job: TransferJob) -> tuple[str, Any]:
-        """How to copy a job: ``("rows", runs)`` when the store can move whole rows of
-        consecutive slots in one batched call per region, else ``("segments", views)``."""
-        bpc = self.blocks_per_chunk
-        store = self.stores[job.tier]
-        if job.kind == "copy":
-            segments = getattr(store, "payload_segments", None)
-            if segments is None:  # staged through a buffer (see _copy_staged)
-                return "staged", None
-            return "copy", [segments(s) for s in job.slots]
-        supports_rows = getattr(store, "supports_rows", None)
-        grouped = getattr(self.regions, "grouped", False)  # rows would be per group
-        if supports_rows is not None and not grouped and supports_rows(self.regions.rows):
-            runs: list[tuple[int, Any]] = []
-            pos = 0
-            i = 0
-            n = len(job.slots)
-            while i < n:
-                j = i + 1
-                while j < n and job.slots[j] == job.slots[j - 1] + 1:
-                    j += 1
-                first = job.skip if i == 0 else 0
-                count = (j - i) * bpc - first
-                ids = job.block_ids[pos : pos + count]
-                blocks = (
-                    np.asarray(ids, dtype=np.int64)
-                    if job.kind == "load"
-                    else (torch.tensor(ids, dtype=torch.int64))
-                )
-                runs.append((job.slots[i] * bpc + first, blocks))
-                pos += count
-                i = j
-            if pos != len(job.block_ids):
-                raise ValueError(f"job {job.job_id}: block ids do not match its chunks")
-            return "rows", runs
-        chunks = job.chunk_blocks(bpc)
-        views = [self.regions.segments(ids, first, bpc) for first, ids in chunks]
-        if job.kind == "store" and isinstance(self.regions, GroupedRegions):
-            # A chunk with a freed (null) block cannot be stored; nor can any after it.
-            cut = self.regions.storable_chunks(chunks)
-            if cut < len(chunks):
-                return "partial", (cut, views[:cut])
-        return "segments", views
+        """How to copy a job (:func:`kvtier.transfer.plans.make_plan`)."""
+        return make_plan(job, self.regions, self.stores, self.blocks_per_chunk)
 
     def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult:
         stream, ready = ctx
@@ -351,41 +313,7 @@ class TransferEngine:
 
     def run_plan(self, job: TransferJob, prepared: tuple[str, Any]) -> list[bool]:
         """Execute a plan from :meth:`plan` on the calling thread (the queues' data path)."""
-        store: Any = self.stores[job.tier]
-        how, plan = prepared
-        if how == "copy":
-            dst = self.stores[job.dst_tier]
-            return list(dst.write(job.dst_slots, job.keys, plan, job.parents or None))
-        if how == "staged":
-            return self._copy_staged(job)
-        if how == "rows":
-            for slab_row, blocks in plan:
-                if job.kind == "load":
-                    store.load_rows(self.regions.arrays, slab_row, blocks)
-                else:
-                    store.store_rows(self.regions.rows, slab_row, blocks)
-            return [True] * len(job.keys)
-        if how == "partial":
-            return _write_leading(store, job, *plan)
-        if job.kind == "load":
-            return list(store.read(job.slots, job.keys, plan))
-        return list(store.write(job.slots, job.keys, plan, job.parents or None))
-
-    def _copy_staged(self, job: TransferJob) -> list[bool]:
-        """A copy between two stores neither of which exposes its slots as memory: read
-        into a scratch buffer, write the leading chunks that read back correctly (a chain
-        must not continue past a failed chunk)."""
-        src, dst = self.stores[job.tier], self.stores[job.dst_tier]
-        n = len(job.keys)
-        buf = torch.empty(n, src.slot_bytes, dtype=torch.uint8)
-        segs = [[(0, buf[i])] for i in range(n)]
-        read = src.read(job.slots, job.keys, segs)
-        m = read.index(False) if False in read else n
-        if m == 0:
-            return [False] * n
-        parents = job.parents[:m] if job.parents else None
-        wrote = dst.write(job.dst_slots[:m], job.keys[:m], segs[:m], parents)
-        return [*wrote, *([False] * (n - m))]
+        return run_plan(job, prepared, self.regions, self.stores)
 
     # -- calibration -------------------------------------------------------------------------
 
@@ -414,13 +342,3 @@ class TransferEngine:
             best = min(best, time.perf_counter() - t0)
         self.load_bandwidth = count * run / max(best, 1e-9)
         return self.load_bandwidth
-
-
-def _write_leading(store: Any, job: TransferJob, cut: int, views: list[Any]) -> list[bool]:
-    """Store only the job's first ``cut`` chunks (the rest fail: their blocks are gone)."""
-    n = len(job.keys)
-    if cut == 0:
-        return [False] * n
-    parents = job.parents[:cut] if job.parents else None
-    wrote = store.write(job.slots[:cut], job.keys[:cut], views, parents)
-    return [*wrote, *([False] * (n - cut))]

@@ -11,7 +11,8 @@ import numpy as np
 import xxhash
 
 from kvtier.keys import Key
-from kvtier.tiers.disk.buffers import IOV_MAX, Iovecs, Plan
+from kvtier.tiers.base import Buffers
+from kvtier.tiers.disk.buffers import IOV_MAX, Plan
 from kvtier.tiers.disk.files import SlabFiles
 from kvtier.tiers.disk.format import (
     ZERO_HEADER,
@@ -56,14 +57,14 @@ class SlabBatching(SlabFiles):
         return [fn(bounds[0], bounds[1]), *(f.result() for f in futures)]
 
     def _native_arrays(
-        self, slots: Sequence[int], iov: Iovecs, chunks: list[int] | None
+        self, slots: Sequence[int], bufs: Buffers, chunks: list[int] | None
     ) -> NativeBatch:
-        """NumPy arrays of a native batch, for ``chunks`` (indices into ``slots``; None: all)."""
-        start = np.array(iov.start, dtype=np.int64)
-        ptrs = np.array(iov.ptrs, dtype=np.uint64)
-        lens = np.array(iov.lens, dtype=np.uint64)
+        """NumPy arrays of a native batch, for ``chunks`` (indices into ``slots``; None: all).
+        The buffer addresses are copied: gap entries are rewritten per thread (see
+        :meth:`_native_ptrs`), and the caller may run the same buffers again."""
+        start, ptrs, lens = bufs.start, bufs.ptrs.copy(), bufs.lens
         gap = np.zeros(len(ptrs), dtype=bool)
-        gap[iov.gaps] = True
+        gap[bufs.gaps] = True
         if chunks is not None:  # leave out chunks that need no I/O (rare: stale keys)
             keep = np.concatenate([np.arange(start[k], start[k + 1]) for k in chunks])
             ptrs, lens, gap = ptrs[keep], lens[keep], gap[keep]
@@ -82,6 +83,25 @@ class SlabBatching(SlabFiles):
             np.flatnonzero(gap),
             ptrs[gap].copy(),
         )
+
+    def _check_buffers(self, bufs: Buffers, n: int, *, whole: bool) -> None:
+        """ValueError unless ``bufs`` describes ``n`` whole payloads (gaps, which only
+        reads may have, inside the payload): a caller bug, found before any I/O."""
+        start, lens, gaps = bufs.start, bufs.lens, bufs.gaps
+        if len(start) != n + 1 or (n and (start[0] != 0 or start[-1] != len(bufs.ptrs))):
+            raise ValueError(f"buffers for {len(start) - 1} chunks, {n} slots")
+        if len(lens) != len(bufs.ptrs) or (n and bool((np.diff(start) < 1).any())):
+            raise ValueError("buffers: every chunk needs at least one entry")
+        total = np.concatenate([[0], np.cumsum(lens, dtype=np.uint64)])
+        if n and bool((total[start[1:]] - total[start[:-1]] != self.slot_bytes).any()):
+            raise ValueError(f"buffers must cover whole {self.slot_bytes}-byte payloads")
+        if gaps.size and (
+            whole
+            or int(gaps.min()) < 0
+            or int(gaps.max()) >= len(lens)
+            or bool((bufs.ptrs[gaps] + lens[gaps] > self.slot_bytes).any())
+        ):
+            raise ValueError("buffers: gaps only in reads, and inside the payload")
 
     def _native_ptrs(self, batch: NativeBatch, a: int, b: int) -> np.ndarray:
         """The batch's buffer addresses, with the gaps of chunks ``a .. b-1`` pointed into
@@ -167,6 +187,15 @@ class SlabBatching(SlabFiles):
         for s in slots:
             if not 0 <= s < self.num_slots:
                 raise ValueError(f"slot {s} out of range [0, {self.num_slots})")
+
+    def _seeds(self, slots: np.ndarray, keys: Sequence[Key]) -> np.ndarray:
+        """The checksum seeds of ``keys``, which ``slots`` hold: from the per-slot cache,
+        filled in where it is empty (slots restored at open: hashing every key there
+        would slow the open of a large tier)."""
+        seeds: np.ndarray = self._seed_of[slots]
+        for m in np.flatnonzero(seeds == 0).tolist():
+            seeds[m] = self._seed_of[slots[m]] = self._seed(keys[m])
+        return seeds
 
     def _seed(self, key: Key) -> int:
         # The payload checksum is seeded by key and namespace: bytes written under another

@@ -15,10 +15,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import xxhash
 
-from kvtier.tiers.base import Segments
+from kvtier.tiers.base import Buffers, Segments
 
 IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 1024
 """Buffers one preadv/pwritev takes (the system's limit)."""
@@ -137,9 +138,10 @@ def pieces(
 
 
 class Iovecs:
-    """Flat buffer lists of a native batch: chunk i is entries ``start[i]:start[i+1]``.
-    A gap's entry holds its payload offset until :meth:`arrays` is given the scratch
-    buffer's address (per thread)."""
+    """Flat buffer lists of a native batch: chunk i is entries ``start[i]:start[i+1]``,
+    built chunk by chunk from segments (:meth:`to_buffers` gives the
+    :class:`~kvtier.tiers.base.Buffers` the native path takes). A gap's entry holds its
+    payload offset until the I/O thread points it into its scratch buffer."""
 
     __slots__ = ("gaps", "lens", "ptrs", "start")
 
@@ -170,6 +172,15 @@ class Iovecs:
             self.lens.append(n)
         self.start.append(len(self.ptrs))
         return True
+
+    def to_buffers(self) -> Buffers:
+        """The chunks appended so far, as arrays."""
+        return Buffers(
+            np.array(self.start, dtype=np.int64),
+            np.array(self.ptrs, dtype=np.uint64),
+            np.array(self.lens, dtype=np.uint64),
+            np.array(self.gaps, dtype=np.int64),
+        )
 
 
 class Staged(NamedTuple):

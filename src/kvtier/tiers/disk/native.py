@@ -1,7 +1,8 @@
 """The disk tier's native data path: a ctypes binding of ``_slabio.c``.
 
-The C side moves each chunk between files and memory in cache-sized pieces, hashing each
-piece while it is in cache, and writes slot headers; see ``_slabio.c`` for its contract.
+The C side moves chunks between files and memory in cache-sized pieces (several small chunks
+of consecutive slots in one piece), hashing each piece while it is in cache, and writes slot
+headers; see ``_slabio.c`` for its contract and the piece sizes.
 ctypes drops the GIL for the whole call, so the I/O threads of a :class:`DiskSlab` run
 their parts of a batch in parallel.
 
@@ -71,7 +72,7 @@ class NativeIO:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._read = lib.kvt_read
         self._read.restype = ctypes.c_int
-        self._read.argtypes = [ctypes.c_int64, *[_P] * 8]
+        self._read.argtypes = [ctypes.c_int64, *[_P] * 5, ctypes.c_uint64, *[_P] * 3]
         self._write = lib.kvt_write
         self._write.restype = ctypes.c_int
         self._write.argtypes = [ctypes.c_int64, *[_P] * 5, ctypes.c_uint64, *[_P] * 5]
@@ -83,11 +84,13 @@ class NativeIO:
         iov_start: _I64,
         iov_ptr: _U64,
         iov_len: _U64,
+        pad: int,
         seeds: _U64,
         sums: _U64,
     ) -> npt.NDArray[np.uint8]:
-        """Read each chunk and check it hashes (seed ``seeds[i]``) to ``sums[i]``.
-        Returns per-chunk status: OK, IO_ERROR or CORRUPT."""
+        """Read each chunk and check it hashes (seed ``seeds[i]``) to ``sums[i]``; ``pad``
+        bytes of padding follow each payload in the file. Returns per-chunk status: OK,
+        IO_ERROR or CORRUPT."""
         n = len(fds)
         status = np.zeros(n, dtype=np.uint8)
         rc = self._read(
@@ -97,6 +100,7 @@ class NativeIO:
             iov_start.ctypes.data,
             iov_ptr.ctypes.data,
             iov_len.ctypes.data,
+            pad,
             seeds.ctypes.data,
             sums.ctypes.data,
             status.ctypes.data,

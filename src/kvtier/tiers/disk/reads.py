@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from kvtier.keys import Key
-from kvtier.tiers.base import Segments
+from kvtier.tiers.base import Buffers, Segments
 from kvtier.tiers.disk.buffers import Iovecs, Plan, Views, digest, io_all, plan_segments
 from kvtier.tiers.disk.native import CORRUPT, NativeIO
 from kvtier.tiers.disk.writes import SlabWrites
@@ -30,9 +30,9 @@ class SlabReads(SlabWrites):
             if not self._backing_present(slots):
                 return [False] * len(slots)
             if self._native is not None:
-                got = self._read_native(self._native, slots, keys, dst)
-                if got is not None:
-                    return got
+                iov = Iovecs()
+                if all(iov.add(segs, self.slot_bytes, whole=False) for segs in dst):
+                    return self._read_native(self._native, slots, keys, iov.to_buffers())
             views = Views()
             plans = [plan_segments(segs, self.slot_bytes, views, whole=False) for segs in dst]
             return self._batch(
@@ -41,14 +41,31 @@ class SlabReads(SlabWrites):
         finally:
             self._exit()
 
+    def accepts_buffers(self) -> bool:
+        """True where the native data path is built (it alone moves bytes by address)."""
+        return self._native is not None
+
+    def read_buffers(self, slots: Sequence[int], keys: Sequence[Key], dst: Buffers) -> list[bool]:
+        """:meth:`read` into host-memory addresses (:class:`~kvtier.tiers.base.Buffers`),
+        same verification and outcomes; the native path only (see :meth:`accepts_buffers`,
+        RuntimeError without it). Malformed buffers raise ValueError before any I/O."""
+        self._check_slots(slots, keys, range(len(dst.start) - 1))
+        self._check_buffers(dst, len(slots), whole=False)
+        if self._native is None:
+            raise RuntimeError("DiskSlab.read_buffers needs the native data path")
+        if not self._enter():
+            return [False] * len(slots)
+        try:
+            if not self._backing_present(slots):
+                return [False] * len(slots)
+            return self._read_native(self._native, slots, keys, dst)
+        finally:
+            self._exit()
+
     def _read_native(
-        self, native: NativeIO, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
-    ) -> list[bool] | None:
-        """The native read path; None (nothing done) if a segment needs staging."""
-        iov = Iovecs()
-        for segs in dst:
-            if not iov.add(segs, self.slot_bytes, whole=False):
-                return None
+        self, native: NativeIO, slots: Sequence[int], keys: Sequence[Key], bufs: Buffers
+    ) -> list[bool]:
+        """The native read path."""
         n = len(slots)
         key_of = self._key_of
         live = [k for k in range(n) if key_of[slots[k]] == keys[k]]
@@ -57,8 +74,8 @@ class SlabReads(SlabWrites):
             self._count(stale=n - len(live))
         if not live:
             return out
-        batch = self._native_arrays(slots, iov, live if len(live) < n else None)
-        seeds = np.array([self._seed(keys[k]) for k in live], dtype=np.uint64)
+        batch = self._native_arrays(slots, bufs, live if len(live) < n else None)
+        seeds = self._seeds(batch.slots, [keys[k] for k in live])
         sums = np.frombuffer(self._sum_of, dtype=np.uint64)[batch.slots]
 
         def part(a: int, b: int) -> np.ndarray:
@@ -69,11 +86,18 @@ class SlabReads(SlabWrites):
                 batch.start[a : b + 1],
                 ptrs,
                 batch.lens,
+                self._stride - self.slot_bytes,
                 seeds[a:b],
                 sums[a:b],
             )
 
         status = np.concatenate(self._spread(part, len(live)))
+        if not status.any():
+            if len(live) == n:
+                return [True] * n
+            for k in live:
+                out[k] = True
+            return out
         io = corrupt = 0
         for k, st in zip(live, status.tolist(), strict=True):
             if st == 0:

@@ -4,14 +4,18 @@ The on-disk format (directory layout, superblock, 128-byte slot headers kept apa
 page-aligned payloads) is described in :mod:`kvtier.tiers.disk.format`.
 
 Two data paths, same bytes and headers: the native one (:mod:`kvtier.tiers.disk.native`, built
-at install) moves each chunk in cache-sized pieces, hashing each piece while it is in cache,
-with the GIL released, one call per I/O thread per batch; the Python one (no compiler, or
-segments that need staging through scratch) moves runs of consecutive slots with one
-``preadv``/``pwritev`` and hashes each chunk after it. The native path exists because the
-few microseconds of Python per chunk (buffer views, a checksum call, bookkeeping) cost as
-much as moving a 64 KiB chunk: it doubled load and store throughput at 64-256 KiB chunks
+at install) moves bytes in cache-sized pieces (512 KiB reads, 1 MiB writes, consecutive
+small slots sharing one), hashing each piece while it is in cache, with the GIL released,
+one call per I/O thread per batch; the Python one (no compiler, or segments that need
+staging through scratch) moves runs of consecutive slots with one ``preadv``/``pwritev``
+and hashes each chunk after it. The native path exists because the few microseconds of
+Python per chunk (buffer views, a checksum call, bookkeeping) cost as much as moving a
+64 KiB chunk: it doubled load and store throughput at 64-256 KiB chunks
 (``benchmarks/disk_tier.py``). Hashing in cache-sized pieces keeps the checksum pass off
-main memory for chunks larger than the last-level cache.
+main memory for chunks larger than the last-level cache. The native path also takes
+chunks as flat address arrays (:meth:`DiskSlab.read_buffers` / ``write_buffers``,
+:class:`~kvtier.tiers.base.Buffers`), which the transfer engine computes for a whole job
+at once instead of a tensor view per block and layer.
 
 Crash safety, without fsync on the data path: a write is ``pwritev(payload)``, then
 ``pwrite(header)``. Whatever a kill -9 (or a power loss that reorders pages) leaves behind, a
@@ -174,6 +178,8 @@ class DiskSlab(SlabReads, SlotStore):
             raise
         self._key_of: list[Key | None] = [None] * num_slots
         self._sum_of = array.array("Q", bytes(8 * num_slots))  # exact 64-bit compares
+        # Checksum seed of the key each slot holds, set by writes (0: not known yet).
+        self._seed_of = np.zeros(num_slots, dtype=np.uint64)
         with gc_paused():
             headers = self._scan_own()
             mine = [h for h in headers if h.namespace == self.namespace and h.length == slot_bytes]

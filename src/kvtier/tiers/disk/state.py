@@ -86,6 +86,7 @@ class SlabState:
     _pool: ThreadPoolExecutor | None
     _key_of: list[Key | None]
     _sum_of: array.array[int]
+    _seed_of: np.ndarray
     _next_seq: int
     _fd_arr: np.ndarray
     _native: NativeIO | None

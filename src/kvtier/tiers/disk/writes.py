@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from kvtier.keys import Key
-from kvtier.tiers.base import Segments
+from kvtier.tiers.base import Buffers, Segments
 from kvtier.tiers.disk.batching import SlabBatching
 from kvtier.tiers.disk.buffers import Iovecs, Plan, Views, digest, io_all, plan_segments
 from kvtier.tiers.disk.format import (
@@ -49,9 +49,9 @@ class SlabWrites(SlabBatching):
             if not self._backing_present(slots):
                 return [False] * len(slots)
             if self._native is not None:
-                got = self._write_native(self._native, slots, keys, src, parents)
-                if got is not None:
-                    return got
+                iov = Iovecs()
+                if all(iov.add(segs, self.slot_bytes, whole=True) for segs in src):
+                    return self._write_native(self._native, slots, keys, iov.to_buffers(), parents)
             views = Views()
             plans = [plan_segments(segs, self.slot_bytes, views, whole=True) for segs in src]
             links = Links(parents)
@@ -62,25 +62,46 @@ class SlabWrites(SlabBatching):
         finally:
             self._exit()
 
+    def write_buffers(
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Buffers,
+        parents: Sequence[Key | None] | None = None,
+    ) -> list[bool]:
+        """:meth:`write` from host-memory addresses (:class:`~kvtier.tiers.base.Buffers`,
+        no gaps), same headers and outcomes; the native path only (RuntimeError without
+        it). Malformed buffers raise ValueError before any I/O."""
+        self._check_slots(slots, keys, range(len(src.start) - 1))
+        if parents is not None and len(parents) != len(keys):
+            raise ValueError(f"{len(parents)} parents for {len(keys)} keys")
+        self._check_buffers(src, len(slots), whole=True)
+        if self._native is None:
+            raise RuntimeError("DiskSlab.write_buffers needs the native data path")
+        if not self._enter():
+            return [False] * len(slots)
+        try:
+            if not self._backing_present(slots):
+                return [False] * len(slots)
+            return self._write_native(self._native, slots, keys, src, parents)
+        finally:
+            self._exit()
+
     def _write_native(
         self,
         native: NativeIO,
         slots: Sequence[int],
         keys: Sequence[Key],
-        src: Sequence[Segments],
+        bufs: Buffers,
         parents: Sequence[Key | None] | None,
-    ) -> list[bool] | None:
-        """The native write path; None (nothing done) if a segment needs staging."""
-        iov = Iovecs()
-        for segs in src:
-            if not iov.add(segs, self.slot_bytes, whole=True):
-                return None
+    ) -> list[bool]:
+        """The native write path."""
         n = len(slots)
         if not n:
             return []
         for s in slots:  # unreadable from here until its header is written
             self._key_of[s] = None
-        batch = self._native_arrays(slots, iov, None)
+        batch = self._native_arrays(slots, bufs, None)
         headers = pack_headers(keys, parents, self.namespace, self._take_seqs(n), self.slot_bytes)
         hdr_offs = (batch.slots % self._spf) * HEADER_BYTES
         seeds = np.array([self._seed(k) for k in keys], dtype=np.uint64)
@@ -103,6 +124,7 @@ class SlabWrites(SlabBatching):
         status = np.concatenate([p[0] for p in parts]).tolist()
         sums = np.concatenate([p[1] for p in parts]).tolist()
         out = [st == 0 for st in status]
+        self._seed_of[batch.slots] = seeds  # before any key: a reader checks the key first
         for s, key, ok, checksum in zip(slots, keys, out, sums, strict=True):
             if ok:
                 self._sum_of[s] = checksum
@@ -165,6 +187,7 @@ class SlabWrites(SlabBatching):
             return [self._write_chunk(slots[k], keys[k], plans[k], links, k) for k in range(i, j)]
         for k, (_, checksum) in zip(range(i, j), made, strict=True):
             self._sum_of[slots[k]] = checksum
+            self._seed_of[slots[k]] = self._seed(keys[k])
             self._key_of[slots[k]] = keys[k]
         return [True] * (j - i)
 
@@ -194,6 +217,7 @@ class SlabWrites(SlabBatching):
                 os.pwrite(fd, ZERO_HEADER, header_offset)
             return False
         self._sum_of[slot] = checksum
+        self._seed_of[slot] = self._seed(key)
         self._key_of[slot] = key
         return True
 
