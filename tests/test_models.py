@@ -15,15 +15,15 @@ offload off: kvtier must neither claim a hit nor store a chunk for them (a hit w
 the recurrent state), every request counts as unkeyable ("recurrent-state"), and the
 outputs must still equal the no-connector run.
 
-All engines of a test run in one subprocess (:mod:`kvtier.vllm.harness.model_matrix`), one after
-another: one torch/vLLM import for all. The default run covers Gemma 3 (sliding and full
-groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window with attention
-sinks), Qwen3-Next (gated delta net, prefix caching on: vLLM's Mamba "align" mode) and
-the refusals on this backend of MLA and of gpt-oss with HMA off (vLLM alone gives wrong,
-run-to-run different tokens for it; dense attention is covered by tests/test_vllm.py with
-SmolLM2); the rest of the matrix (dense
-layouts, Granite 4.0-H and Falcon-H1 with prefix caching off) is ``slow``. Tensor
-parallel 2 has its own pair of engines (two worker processes each).
+All engines of a test run in one subprocess (:mod:`kvtier.vllm.harness.model_matrix`), one
+after another: one torch/vLLM import for all. The default run covers Gemma 3 (sliding and
+full groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window with
+attention sinks), Qwen3-Next (gated delta net, prefix caching on: vLLM's Mamba "align"
+mode) and the refusals on this backend of MLA and of gpt-oss with HMA off (for which vLLM
+alone gives wrong, run-to-run different tokens). Dense attention is covered by
+tests/test_vllm.py with SmolLM2; the rest of the matrix (dense layouts, Granite 4.0-H and
+Falcon-H1 with prefix caching off) is ``slow``. Tensor parallel 2 has its own pair of
+engines (two worker processes each).
 """
 
 from __future__ import annotations
