@@ -102,6 +102,49 @@ def test_refusals_name_the_layout_and_start_with_kvtier():
         assert "--kv-transfer-config" in msg
 
 
+def test_sliding_window_with_sinks_and_hma_off_refused_on_cpu_only():
+    """gpt-oss with HMA off: one group whose spec is full attention with a sliding window
+    (vLLM promoted the sliding layers) and whose layers have attention sinks. vLLM's CPU
+    backend gives wrong tokens for it, so kvtier refuses it there; a promoted group without
+    sinks (Gemma 3 with HMA off), sinks on full attention only, a real SlidingWindowSpec
+    (HMA on) and any GPU are served."""
+    from types import SimpleNamespace
+
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    from kvtier.vllm.groups import UnsupportedLayout, read_groups, sink_layers
+
+    f32 = torch.float32
+    promoted = FullAttentionSpec(
+        block_size=32, num_kv_heads=2, head_size=32, dtype=f32, sliding_window=64
+    )
+    full = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=f32)
+    swa = SlidingWindowSpec(
+        block_size=32, num_kv_heads=2, head_size=32, dtype=f32, sliding_window=64
+    )
+    layers = {
+        "g0.l0": SimpleNamespace(has_sink=True),
+        "g0.l1": SimpleNamespace(has_sink=True),
+        "g0.mlp": SimpleNamespace(),  # not an attention layer: no has_sink at all
+    }
+    vllm_config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context=layers))
+    sinks = sink_layers(vllm_config)
+    assert sinks == {"g0.l0", "g0.l1"}
+    with pytest.raises(UnsupportedLayout) as e:
+        read_groups(_config((promoted, 2)), cpu=True, sinks=sinks)
+    msg = str(e.value)
+    assert msg.startswith("kvtier: sliding window with attention sinks and HMA off")
+    assert "--disable-hybrid-kv-cache-manager" in msg and "\n" not in msg
+    assert read_groups(_config((promoted, 2)), cpu=False, sinks=sinks).num_groups == 1
+    assert read_groups(_config((promoted, 2)), cpu=True).num_groups == 1
+    assert read_groups(_config((full, 2)), cpu=True, sinks=sinks).num_groups == 1
+    g = read_groups(_config((full, 1), (swa, 1)), cpu=True, sinks=frozenset({"g1.l0"}))
+    assert g.frees_blocks
+    # A process without the model registers no layer: it cannot tell, and does not refuse.
+    empty = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}))
+    assert sink_layers(empty) == frozenset()
+
+
 def test_hybrid_recurrent_model_is_read_with_offload_off():
     """Attention + Mamba groups: kvtier starts (no refusal) but marks the model recurrent,
     with one ``kvtier:`` line; the Mamba group enters the layout (and its digest) with its

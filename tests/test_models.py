@@ -15,14 +15,15 @@ offload off: kvtier must neither claim a hit nor store a chunk for them (a hit w
 the recurrent state), every request counts as unkeyable ("recurrent-state"), and the
 outputs must still equal the no-connector run.
 
-All engines of a test run in one subprocess (:mod:`kvtier.vllm.harness.model_matrix`), one after
-another: one torch/vLLM import for all. The default run covers Gemma 3 (sliding and full
-groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window with attention
-sinks; wrong tokens with HMA off on this backend), Qwen3-Next (gated delta net, prefix
-caching on: vLLM's Mamba "align" mode) and the refusal of MLA on this backend (dense
-attention is covered by tests/test_vllm.py with SmolLM2); the rest of the matrix (dense
-layouts, Granite 4.0-H and Falcon-H1 with prefix caching off) is ``slow``. Tensor
-parallel 2 has its own pair of engines (two worker processes each).
+All engines of a test run in one subprocess (:mod:`kvtier.vllm.harness.model_matrix`), one
+after another: one torch/vLLM import for all. The default run covers Gemma 3 (sliding and
+full groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window with
+attention sinks), Qwen3-Next (gated delta net, prefix caching on: vLLM's Mamba "align"
+mode) and the refusals on this backend of MLA and of gpt-oss with HMA off (for which vLLM
+alone gives wrong, run-to-run different tokens). Dense attention is covered by
+tests/test_vllm.py with SmolLM2; the rest of the matrix (dense layouts, Granite 4.0-H and
+Falcon-H1 with prefix caching off) is ``slow``. Tensor parallel 2 has its own pair of
+engines (two worker processes each).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -47,9 +48,30 @@ Next runs with prefix caching on (vLLM's Mamba "align" mode, the harder case for
 the Mamba2 hybrids can run on this backend only with it off and take the same kvtier path
 (any ``MambaSpec`` group), so they are ``slow``."""
 SLOW_HYBRID = ("granite_hybrid", "falcon_h1")
-REFUSED = {"deepseek_v2_mla": "MLA on vLLM's CPU backend"}
-"""vLLM's CPU MLA cannot prefill over cached KV (vLLM itself turns prefix caching off for
-it there): with kvtier's hits it gave wrong tokens, so kvtier refuses it on CPU."""
+
+
+class Refusal(NamedTuple):
+    model: str
+    """The checkpoint (an architecture of :mod:`kvtier.tools.tiny_models`)."""
+    engine: dict[str, Any]
+    """Engine settings on top of ENGINE and the architecture's own."""
+    needle: str
+    """What the ``kvtier:`` line must name."""
+
+
+REFUSED = {
+    # vLLM's CPU MLA cannot prefill over cached KV (vLLM itself turns prefix caching off
+    # for it there): with kvtier's hits it gave wrong tokens, so kvtier refuses it on CPU.
+    "deepseek_v2_mla": Refusal("deepseek_v2_mla", {}, "MLA on vLLM's CPU backend"),
+    # gpt-oss with HMA off gives wrong, run-to-run different tokens on vLLM's CPU backend
+    # with or without kvtier; the same checkpoint with HMA on is served (DEFAULT).
+    "gpt_oss_hma_off": Refusal(
+        "gpt_oss",
+        {"disable_hybrid_kv_cache_manager": True},
+        "sliding window with attention sinks and HMA off",
+    ),
+}
+"""Runs kvtier must refuse at engine start, by run name."""
 MULTI_GROUP = {"gemma3", "gpt_oss", *HYBRID, *SLOW_HYBRID}
 """Architectures that must run with several KV-cache groups (HMA on)."""
 ENGINE_FOR: dict[str, dict[str, Any]] = {
@@ -99,8 +121,10 @@ CONNECTOR = {"cpu_bytes": "64MiB", "sync_budget": "1GiB"}
 
 def run_matrix(tmp: Path, archs: tuple[str, ...], refused: tuple[str, ...] = ()) -> dict[str, Any]:
     """Build the checkpoints, run baseline + kvtier per arch (and kvtier alone for the
-    refused ones, last) in one subprocess; results keyed "arch/base", "arch/kvtier"."""
-    build = [sys.executable, "-c", _BUILD, str(tmp), *archs, *refused]
+    REFUSED runs named, last) in one subprocess; results keyed "arch/base", "arch/kvtier"
+    and "name/kvtier"."""
+    models = dict.fromkeys([*archs, *(REFUSED[name].model for name in refused)])
+    build = [sys.executable, "-c", _BUILD, str(tmp), *models]
     subprocess.run(build, check=True, capture_output=True, timeout=600)
     runs, keys = [], []
     for arch in archs:
@@ -115,11 +139,18 @@ def run_matrix(tmp: Path, archs: tuple[str, ...], refused: tuple[str, ...] = ())
                 }
             )
             keys.append(f"{arch}/{'kvtier' if conn else 'base'}")
-    for arch in refused:
+    for name in refused:
+        r = REFUSED[name]
+        engine = ENGINE | ENGINE_FOR.get(r.model, {}) | r.engine
         runs.append(
-            {"model": str(tmp / arch), "engine": ENGINE, "connector": CONNECTOR, "program": PROGRAM}
+            {
+                "model": str(tmp / r.model),
+                "engine": engine,
+                "connector": CONNECTOR,
+                "program": PROGRAM,
+            }
         )
-        keys.append(f"{arch}/kvtier")
+        keys.append(f"{name}/kvtier")
     return run_specs(tmp, dict(zip(keys, runs, strict=True)))
 
 
@@ -213,17 +244,29 @@ def test_hybrid_recurrent_starts_offload_off_token_identical(default_matrix, arc
     check_served(default_matrix, arch)
 
 
-def check_refused(results: dict[str, Any], arch: str, needle: str) -> None:
-    r = results[f"{arch}/kvtier"]
+def check_refused(results: dict[str, Any], name: str, needle: str) -> None:
+    r = results[f"{name}/kvtier"]
     assert r.get("error_type") == "UnsupportedLayout", r
     assert r["error"].startswith("kvtier: ") and needle in r["error"]
+    assert "\n" not in r["error"]
     # The same line is logged (an operator reads logs, not the exception object).
     assert r["error"] in results["_stderr"]
 
 
-@pytest.mark.parametrize("arch", list(REFUSED))
-def test_refused_with_one_kvtier_line(default_matrix, arch):
-    check_refused(default_matrix, arch, REFUSED[arch])
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_with_one_kvtier_line(default_matrix, name):
+    check_refused(default_matrix, name, REFUSED[name].needle)
+
+
+def test_gpt_oss_refused_with_hma_off_only(default_matrix):
+    """gpt-oss is refused only with HMA off: the line says what to do (drop the flag), and
+    the same checkpoint with HMA on (the default run's engine, whose tokens
+    test_token_identical_with_hits checks) started with its sliding and full groups."""
+    off = default_matrix["gpt_oss_hma_off/kvtier"]
+    assert "error" in off and "--disable-hybrid-kv-cache-manager" in off["error"]
+    on = default_matrix["gpt_oss/kvtier"]
+    assert "error" not in on, on.get("error")
+    assert on["kvtier"]["kv_groups"] == 2 and "sliding" in on["kvtier"]["layout"], on["kvtier"]
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
 """Chunk keys of real vLLM requests through the connector's scheduler side (no engine).
 
-vLLM's CPU build cannot import vision models here, so multimodal and prompt-embeds
-requests are vLLM's own ``Request`` objects carrying ``MultiModalFeatureSpec`` /
-``PlaceholderRange`` / ``prompt_embeds``, handed to a real scheduler-side
-``KVTierConnector`` (real config, real tier stack). A request's chunks are made present by
-committing its keys into the CPU tier's index (what a finished store does), so each check
-is "does another request hit them": the oracle is which inputs are equal.
+Multimodal and prompt-embeds requests are vLLM's own ``Request`` objects carrying
+``MultiModalFeatureSpec`` / ``PlaceholderRange`` / ``prompt_embeds``, handed to a real
+scheduler-side ``KVTierConnector`` (real config, real tier stack): every input kind and
+position can be set exactly, with no model that takes it (most of vLLM's vision models
+need torchvision, which vLLM's CPU build here lacks; tests/test_vllm_mm.py runs one that
+does not on a real engine). A request's chunks are made present by committing its keys
+into the CPU tier's index (what a finished store does), so each check is "does another
+request hit them": the oracle is which inputs are equal.
 """
 
 from __future__ import annotations

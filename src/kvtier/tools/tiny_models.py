@@ -164,6 +164,77 @@ def build(arch: str, directory: str | Path, seed: int = 0) -> Path:
     return out
 
 
+VISION_IMAGE = 64
+"""Side of the tiny vision model's square input images (pixels)."""
+VISION_TOKENS = 16
+"""Image tokens per image: (64 / 8-pixel patches)^2 / pixel-shuffle scale 2^2."""
+_VISION_SPECIAL = [
+    "<fake_token_around_image>",
+    "<image>",
+    "<end_of_utterance>",
+    "<global-img>",
+    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
+]
+"""Idefics3's special tokens (SmolVLM adds them to SmolLM2's tokenizer the same way)."""
+
+
+def build_vision(directory: str | Path, seed: int = 0) -> Path:
+    """Write a tiny Idefics3 (SmolVLM's architecture: SigLIP-style vision encoder,
+    pixel-shuffle connector, Llama text model) with its processor into ``directory``;
+    returns it. Nothing is downloaded: the tokenizer is SmolLM2's plus Idefics3's special
+    tokens, the image processor is built from its class with no image splitting, so every
+    image becomes one ``<fake_token_around_image><global-img>`` + ``VISION_TOKENS`` x
+    ``<image>`` + ``<fake_token_around_image>`` run wherever the prompt has one ``<image>``.
+
+    The weights use :data:`INIT_STD` like :func:`build`. The processor's image processor
+    is the torchvision backend where torchvision imports and the PIL one elsewhere
+    (transformers picks it), so the model needs no torchvision itself.
+    """
+    import torch
+    import transformers as tf
+
+    from kvtier.tools.models import smollm2_path
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = tf.AutoTokenizer.from_pretrained(smollm2_path())
+    tokenizer.add_special_tokens({"additional_special_tokens": _VISION_SPECIAL})
+    images = tf.Idefics3ImageProcessor(
+        do_image_splitting=False,
+        size={"longest_edge": VISION_IMAGE},
+        max_image_size={"longest_edge": VISION_IMAGE},
+    )
+    processor = tf.Idefics3Processor(
+        image_processor=images, tokenizer=tokenizer, image_seq_len=VISION_TOKENS
+    )
+    text = tf.LlamaConfig(**_COMMON | {"vocab_size": len(tokenizer)}, num_hidden_layers=2)
+    vision = tf.Idefics3VisionConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=VISION_IMAGE,
+        patch_size=8,
+        initializer_range=INIT_STD,
+    )
+    # Not a declared Idefics3Config field, but configs keep extra keyword fields and the
+    # model's weight init reads the top-level initializer_range (hence Any for mypy).
+    idefics3: Any = tf
+    config = idefics3.Idefics3Config(
+        text_config=text,
+        vision_config=vision,
+        scale_factor=2,
+        image_token_id=processor.image_token_id,
+        initializer_range=INIT_STD,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    idefics3.Idefics3ForConditionalGeneration(config).save_pretrained(out, safe_serialization=True)
+    processor.save_pretrained(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:

@@ -53,7 +53,7 @@ from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
 from kvtier.vllm.events import ConnectorEvents, events_enabled
-from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups
+from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups, sink_layers
 from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
@@ -101,7 +101,7 @@ class _Setup:
         assert vllm_config.kv_transfer_config is not None
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.config = KVTierConfig.from_dict(extra)
-        self.groups = read_groups(kv_cache_config, cpu=_on_cpu())
+        self.groups = read_groups(kv_cache_config, cpu=_on_cpu(), sinks=sink_layers(vllm_config))
         self.layout = self.groups.layout
         self.codec = BlockIdCodec(self.groups.num_groups, kv_cache_config.num_blocks)
         """Per-group block ids <-> the one id per position the manager and jobs carry."""

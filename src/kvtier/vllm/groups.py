@@ -22,7 +22,9 @@ prefix cache serves the model as without kvtier.
 
 Everything else is refused at engine start with one ``kvtier:`` line naming the layout
 and what to do (:class:`UnsupportedLayout`): recurrent-state models without attention,
-chunked-local, cross/encoder-only attention, per-token quantised KV, packed states.
+chunked-local, cross/encoder-only attention, per-token quantised KV, packed states; and on
+vLLM's CPU backend MLA and sliding-window layers with attention sinks allocated at full
+length (gpt-oss with HMA off), where vLLM itself gives wrong tokens.
 A refusal is preferred over serving a layout kvtier has not been checked against: an
 unchecked layout risks wrong tokens, a refusal costs only the offload.
 
@@ -115,15 +117,37 @@ def _attention_group(spec: Any, layers: int) -> KVGroup:
     raise _refuse(f"KV-cache layout {name}")
 
 
-def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
+def sink_layers(vllm_config: Any) -> frozenset[str]:
+    """Names of the attention layers with attention sinks (vLLM's ``Attention.has_sink``).
+
+    Read from the layers registered in ``vllm_config``'s static forward context, which is
+    filled in the process that loaded the model (a worker; the scheduler too when it shares
+    that process). Empty where no layer is registered: a process without the model cannot
+    tell, and the worker, which always has it, decides then.
+    """
+    context = getattr(vllm_config.compilation_config, "static_forward_context", None) or {}
+    return frozenset(n for n, layer in context.items() if getattr(layer, "has_sink", False))
+
+
+def read_groups(
+    kv_cache_config: Any, cpu: bool = False, sinks: frozenset[str] = frozenset()
+) -> GroupKinds:
     """kvtier's view of ``kv_cache_config`` or UnsupportedLayout (see the module docstring).
 
-    ``cpu``: the engine runs on vLLM's CPU platform, where MLA cannot prefill over cached
-    context (vLLM turns its own prefix caching off for MLA there): a hit would give wrong
-    tokens, so MLA is refused.
+    ``cpu``: the engine runs on vLLM's CPU platform, where
+
+    - MLA cannot prefill over cached context (vLLM turns its own prefix caching off for
+      MLA there): a hit would give wrong tokens, so MLA is refused;
+    - sliding-window layers with attention sinks (``sinks``: their layer names, see
+      :func:`sink_layers`) allocated as full attention, i.e. with vLLM's hybrid KV-cache
+      manager (HMA) off, give wrong and run-to-run different tokens with or without
+      kvtier (gpt-oss), so that layout is refused; with HMA on, kvtier serves it.
+
+    On GPU both are accepted (untested there).
     """
     from vllm.v1.kv_cache_interface import (
         AttentionSpec,
+        FullAttentionSpec,
         MambaSpec,
         MLAAttentionSpec,
         UniformTypeKVCacheSpecs,
@@ -145,9 +169,10 @@ def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
             recurrent.append(f"group {i}: {_name(spec)} {kind}")
             continue
         if isinstance(spec, UniformTypeKVCacheSpecs):
-            per_layer = list(spec.kv_cache_specs.values())
+            named = list(spec.kv_cache_specs.items())
         else:
-            per_layer = [spec] * len(g.layer_names)
+            named = [(n, spec) for n in g.layer_names]
+        per_layer = [s for _, s in named]
         for s in per_layer:
             if not isinstance(s, AttentionSpec):
                 raise _refuse(f"KV-cache layout {_name(s)} (group {i})")
@@ -156,6 +181,18 @@ def read_groups(kv_cache_config: Any, cpu: bool = False) -> GroupKinds:
                 "MLA on vLLM's CPU backend",
                 "vLLM's CPU MLA cannot prefill over cached KV (vLLM disables its own prefix "
                 f"caching for it), so a hit would give wrong tokens; {_OFF}",
+            )
+        # A sliding window on a full spec is a sliding layer vLLM keeps at full length:
+        # HMA is off (with it on, the layer has a SlidingWindowSpec).
+        promoted = [n for n, s in named if isinstance(s, FullAttentionSpec) and s.sliding_window]
+        if cpu and sinks.intersection(promoted):
+            raise _refuse(
+                "sliding window with attention sinks and HMA off (vLLM's hybrid KV-cache "
+                f"manager; group {i} keeps sliding layers at full length) on vLLM's CPU "
+                "backend",
+                "vLLM gives wrong tokens for it there, with or without kvtier: drop "
+                "--disable-hybrid-kv-cache-manager (disable_hybrid_kv_cache_manager=True) "
+                "so that HMA stays on, which kvtier serves",
             )
         for s in _distinct(per_layer):
             kv = _attention_group(s, sum(1 for x in per_layer if x == s))

@@ -13,13 +13,18 @@ SPEC (JSON)::
      "kv_events": {KVEventsConfig fields} | null, "inspect_keys": false,
      "program": [
         {"op": "serve", "name": "...", "requests": [{"id": "a", "prompt": [ids],
-          "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>"}],
+          "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>",
+          "image": {"seed": 1, "size": 64} | null}],
          "max_concurrency": 4},
         {"op": "reset_prefix_cache"}, {"op": "drain"}]}
 
 ``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
 than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
 end-to-end latency, output token ids, cached prompt tokens and kvtier's hit sources.
+A request with ``image`` carries one random RGB image (``size`` x ``size`` pixels drawn
+from ``seed``: the same seed is the same image) for the model's image placeholder in
+``prompt``; its result adds ``engine_prompt``, the prompt after vLLM expanded the
+placeholder (the image's token positions).
 A request with ``extend`` continues an earlier request once that one has finished: its
 prompt is that request's prompt + its output (without a final end-of-sequence token) +
 ``prompt`` (multi-turn chat). ``reset_prefix_cache`` drops the engine's own prefix cache
@@ -131,7 +136,10 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 max_tokens=r.get("max_tokens", 8),
                 ignore_eos=r.get("ignore_eos", False),
             )
-            engine.add_request(r["id"], TokensPrompt(prompt_token_ids=prompt), sp)
+            tokens = TokensPrompt(prompt_token_ids=prompt)
+            if r.get("image") is not None:
+                tokens["multi_modal_data"] = {"image": _image(r["image"])}
+            engine.add_request(r["id"], tokens, sp)
             timeline.event("runner.add", req=r["id"], tokens=len(prompt))
             running[r["id"]] = {
                 "id": r["id"],
@@ -140,6 +148,8 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 "start": time.perf_counter(),
                 "abort_after_tokens": r.get("abort_after_tokens"),
             }
+            if r.get("image") is not None:
+                running[r["id"]]["engine_prompt"] = None  # filled in when it finishes
         if not running:
             time.sleep(0.005)
             continue
@@ -171,6 +181,8 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 rec["e2e"] = t - rec["start"]
                 rec["output"] = list(out.outputs[0].token_ids)
                 rec["num_cached"] = out.num_cached_tokens or 0
+                if "engine_prompt" in rec:
+                    rec["engine_prompt"] = list(out.prompt_token_ids or ())
                 history[rec["id"]] = rec.pop("prompt") + rec["output"]
                 done[rec["id"]] = running.pop(rec["id"])
                 if progress:
@@ -194,6 +206,16 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
         "seconds": elapsed,
         "requests": [done[r["id"]] for r in op["requests"]],
     }
+
+
+def _image(spec: dict[str, Any]) -> Any:
+    """The PIL image a request's ``image`` spec names (same seed and size, same pixels)."""
+    import numpy as np
+    from PIL import Image
+
+    size = int(spec.get("size", 64))
+    rng = np.random.default_rng(int(spec["seed"]))
+    return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
 
 
 def drain(llm: Any, timeout: float = 30.0) -> None:
