@@ -115,5 +115,11 @@ def test_lru_doorkeeper_is_a_registered_policy():
 def test_large_tiers_get_a_sampled_doorkeeper():
     from kvtier.policies.doorkeeper import EXACT_SLOTS
 
-    assert DoorkeeperLRUPolicy(EXACT_SLOTS).door.stride == 1
-    assert DoorkeeperLRUPolicy(10 * EXACT_SLOTS).door.stride == 10
+    strides = []
+    for slots in (EXACT_SLOTS, 10 * EXACT_SLOTS):
+        pol = DoorkeeperLRUPolicy(slots)
+        assert pol.door is None  # no history until a single tier asks what to store
+        pol.admit_chain(chain(1, 2))
+        assert pol.door is not None
+        strides.append(pol.door.stride)
+    assert strides == [1, 10]

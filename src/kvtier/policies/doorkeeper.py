@@ -118,20 +118,28 @@ class Doorkeeper:
 
 class DoorkeeperLRUPolicy(LRUPolicy):
     """LRU's order; a full tier stores a chain's new chunks up to the first one only one
-    request has asked for (:class:`Doorkeeper`)."""
+    request has asked for (:class:`Doorkeeper`). Only a single tier is asked what to store
+    (a stack stores every chain): the doorkeeper is created at the first ``admit_chain``,
+    so a tier never asked is plain LRU and pays for no history."""
 
     observe_refreshes = True
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.door = Doorkeeper(capacity, stride=math.ceil(max(1, capacity) / EXACT_SLOTS))
+        self.door: Doorkeeper | None = None
 
     def observe(self, keys: Sequence[Key], held: int) -> None:
-        self.door.observe(keys, held)
+        if self.door is not None:
+            self.door.observe(keys, held)
         if held:
             self.touch_many(keys[held - 1 :: -1])
 
     def admit_chain(self, keys: Sequence[Key]) -> int:
+        door = self.door
+        if door is None:
+            stride = math.ceil(max(1, self.capacity) / EXACT_SLOTS)
+            door = self.door = Doorkeeper(self.capacity, stride=stride)
+            door.observe(keys, 0)  # the asking request's sighting, observed before
         if len(self._order) + len(keys) <= self.capacity:
             return len(keys)
-        return self.door.admitted(keys)
+        return door.admitted(keys)
