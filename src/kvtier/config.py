@@ -91,8 +91,10 @@ class KVTierConfig:
     stops storing chains seen for the first time while its ghosts show they do not come
     back in time, :mod:`kvtier.policies.adaptive`; the default before), "chain-arc" (ARC
     adapted to prefix trees, reuse counted once per request,
-    :mod:`kvtier.policies.chain_arc`), "lru", or "arc" (classic ARC); any policy
-    registered in :mod:`kvtier.policies.registry`. Only the first tier's policy decides
+    :mod:`kvtier.policies.chain_arc`), "lru", "arc" (classic ARC), or "lru-doorkeeper"
+    (LRU that stores a new chunk only once a second request asks for it,
+    :mod:`kvtier.policies.doorkeeper`); any policy registered in
+    :mod:`kvtier.policies.registry`. Only the first tier's policy decides
     admission; the tiers below take what their edges bring."""
 
     disk_eviction: str | None = None

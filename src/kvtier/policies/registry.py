@@ -54,6 +54,12 @@ def _adaptive_arc(capacity: int) -> EvictionPolicy:
     return AdaptivePolicy(capacity)
 
 
+def _lru_doorkeeper(capacity: int) -> EvictionPolicy:
+    from kvtier.policies.doorkeeper import DoorkeeperLRUPolicy
+
+    return DoorkeeperLRUPolicy(capacity)
+
+
 def _dueling(capacity: int) -> EvictionPolicy:
     from kvtier.policies.dueling import DuelingPolicy
 
@@ -65,3 +71,4 @@ register_eviction("adaptive-arc", _adaptive_arc)
 register_eviction("chain-arc", _chain_arc)
 register_eviction("lru", LRUPolicy)
 register_eviction("arc", ARCPolicy)
+register_eviction("lru-doorkeeper", _lru_doorkeeper)

@@ -298,7 +298,8 @@ def parser() -> argparse.ArgumentParser:
         "--policies",
         default="lru,default,lru-oracle,belady,infinite",
         help="comma list of default (the connector's), adaptive, adaptive-arc, lru, arc, "
-        "chain-arc, lru-seenN, lru-oracle (LRU with offline admission), belady, infinite; "
+        "chain-arc, lru-doorkeeper, lru-seenN, lru-oracle (LRU with offline admission), "
+        "lru-reuse (LRU storing exactly the chunks used again), belady, infinite; "
         "with lru and default, a policy table (default - LRU, gap closed) follows",
     )
     s.add_argument("--limit", type=int, default=None, help="first N requests only")

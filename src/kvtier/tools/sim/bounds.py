@@ -14,6 +14,12 @@ admission-only optimum, and what an online admission rule can hope to reach next
 order. Stores are cut at the first refused chunk (a tier holds prefixes), and the order is
 LRU's with ancestors refreshed after their descendants, as kvtier's ``lru`` tier does, so
 the pass that stores everything equals ``lru`` (checked in the tests).
+
+``lru-reuse`` is pass 1 alone: LRU that stores exactly the chunks some later request uses,
+an admission rule that predicts reuse perfectly; no online rule predicts it better. What
+the oracle reaches beyond it comes from refusing chunks that *are* used again but would be
+evicted first (keeping a part of a working set larger than the tier), which a rule must
+guess without knowing which part the future favours.
 """
 
 from __future__ import annotations
@@ -70,6 +76,18 @@ def lru_pass(
 
 def _member(blocks: set[tuple[int, int]]) -> Admit:
     return lambda i, j: (i, j) in blocks
+
+
+def replay_lru_reuse(
+    trace: Trace, slots: int, future: list[list[int]], *, tick: Tick | None = None
+) -> ReplayCounts:
+    """LRU storing exactly the chunks a later request uses (pass 1 of the oracle, module
+    docstring); ``future`` comes from :func:`kvtier.tools.sim.simulator.next_uses`."""
+    never = len(trace.keys)
+    got, _ = lru_pass(trace, slots, lambda i, j: future[i][j] < never)
+    if tick is not None:
+        tick(len(trace.keys))
+    return got
 
 
 def replay_lru_oracle(

@@ -111,17 +111,21 @@ class PolicySpec:
 def parse_policy(name: str) -> PolicySpec:
     """``default`` (the connector's default policies), ``adaptive``, ``chain-arc``, ``lru``,
     ``arc``, ``lru-seen2`` (admission after 2 sightings), ``lru-oracle`` (LRU with offline
-    admission, :mod:`kvtier.tools.sim.bounds`), ``belady``, ``infinite``."""
+    admission) and ``lru-reuse`` (LRU storing exactly the chunks used again), both of
+    :mod:`kvtier.tools.sim.bounds`, ``belady``, ``infinite``."""
     text = name.strip().lower()
     if text in ("belady", "infinite", "default"):
         return PolicySpec(text, text)
     if text == "lru-oracle":
         return PolicySpec(text, "oracle")
+    if text == "lru-reuse":
+        return PolicySpec(text, "reuse")
     m = _policy_re().match(text)
     if m is None:
         raise ConfigError(
-            f"policy: unknown policy {name!r}; accepted: default, adaptive, chain-arc, lru, "
-            "arc, lru-oracle, NAME-seenN (admit a chunk once seen N times), belady, infinite"
+            f"policy: unknown policy {name!r}; accepted: default, {', '.join(eviction_names())}, "
+            "lru-oracle, lru-reuse, NAME-seenN (admit a chunk once seen N times), belady, "
+            "infinite"
         )
     min_seen = int(m.group(2) or 1)
     if min_seen < 1:
@@ -341,6 +345,7 @@ class _Runner:
         self._future: list[list[int]] | None = None
         self._belady: dict[int, ReplayCounts] = {}
         self._oracle: dict[int, ReplayCounts] = {}
+        self._reuse: dict[int, ReplayCounts] = {}
         self._infinite: ReplayCounts | None = None
 
     def run(self, spec: PolicySpec, tiers: Sequence[TierCapacity]) -> ReplayCounts:
@@ -354,6 +359,8 @@ class _Runner:
             return self._bound_tiers(slots, self._belady_one)
         if spec.kind == "oracle":
             return self._bound_tiers(slots, self._oracle_one)
+        if spec.kind == "reuse":
+            return self._bound_tiers(slots, self._reuse_one)
         return self._infinite_tiers(len(slots))
 
     def _future_uses(self) -> list[list[int]]:
@@ -380,6 +387,17 @@ class _Runner:
         elif self.tick is not None:
             self.tick(ORACLE_PASSES * len(self.trace.keys))
         return self._oracle[slots]
+
+    def _reuse_one(self, slots: int) -> ReplayCounts:
+        from kvtier.tools.sim.bounds import replay_lru_reuse
+
+        if slots not in self._reuse:
+            self._reuse[slots] = replay_lru_reuse(
+                self.trace, slots, self._future_uses(), tick=self.tick
+            )
+        elif self.tick is not None:
+            self.tick(len(self.trace.keys))
+        return self._reuse[slots]
 
     def _bound_tiers(
         self, slots: Sequence[int], one: Callable[[int], ReplayCounts]
@@ -460,7 +478,7 @@ def run_sim(
     load_seconds = time.perf_counter() - t0
     configs = resolve(trace.unique_blocks * block_tokens)
     # A bound replays once per tier (cumulative sizes), the oracle a few passes each.
-    per = {"belady": 1, "oracle": 3}
+    per = {"belady": 1, "oracle": 3, "reuse": 1}
     work = sum(len(c) * per[s.kind] if s.kind in per else 1 for c in configs for s in specs)
     bar = _progress_bar(work * len(trace.keys), progress)
     runner = _Runner(trace, bar.update if bar is not None else None)
