@@ -6,11 +6,15 @@ PY := .venv/bin/python
 setup:
 	@scripts/setup.sh
 
+# Two workers, each on its own core (tests/conftest.py); a module's tests stay on one worker
+# unless it splits itself with xdist_group marks.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup
+
 test: setup
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-all: setup
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PYTEST) -m "slow or not slow"
 
 # The remote tier's tests on the oldest redis / hiredis pyproject.toml allows (temporary dir).
 test-floors: setup

@@ -39,7 +39,12 @@ def test_option_reference_is_generated_from_the_config():
     )
 
 
-OPTION_CLASSES = [KVTierConfig, TierSpec, *{tier_kind(k).options for k in tier_kinds()}]
+OPTION_CLASSES = [
+    KVTierConfig,
+    TierSpec,
+    # Sorted: parallel test workers must collect the same ids in the same order.
+    *sorted({tier_kind(k).options for k in tier_kinds()}, key=lambda c: c.__name__),
+]
 
 
 @pytest.mark.parametrize("cls", OPTION_CLASSES, ids=lambda c: c.__name__)

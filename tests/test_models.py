@@ -276,7 +276,7 @@ def test_slow_matrix_token_identical(tmp_path):
         check_served(results, arch)
 
 
-def test_tensor_parallel_2_per_rank_tiers_token_identical(tmp_path):
+def test_tensor_parallel_2_per_rank_tiers_token_identical(tmp_path, all_cores):
     """TP=2 on vLLM's CPU backend (two worker processes, one core each): each rank stores
     its own shard (one KV head of two) in its own disk directory, under its own namespace
     digest; round 2 loads every rank's shard back from its own directory, and the outputs

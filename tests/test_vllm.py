@@ -1,8 +1,10 @@
 """kvtier on a real vLLM engine (CPU backend) with the real SmolLM2 model.
 
-Each engine configuration runs in its own subprocess (tests/vllm_runner.py). Every workload
-is run once without any connector (the baseline) and the greedy outputs with kvtier must
-be token-identical, whatever the budget, the engine mode or the faults injected.
+Each engine configuration runs on a fresh engine: one after another in the module's engine
+host process (tests/engine_client.py), or in a process of its own where the test needs one
+(a multiprocess engine, an engine restart). Every workload is run once without any
+connector (the baseline) and the greedy outputs with kvtier must be token-identical,
+whatever the budget, the engine mode or the faults injected.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from engine_client import EngineHost
 
 pytestmark = pytest.mark.vllm
 
@@ -77,10 +81,19 @@ PROGRAM = [
     phase("p3", 12, extend="p2"),
 ]
 _RESULTS: dict[str, dict[str, Any]] = {}
+_HOST: list[EngineHost] = []
 
 
-def run(tmp_path: Path, connector: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
-    """Run the program on a fresh engine in a subprocess (memoized per configuration)."""
+@pytest.fixture(scope="module", autouse=True)
+def _use_engine_host(engine_host: EngineHost) -> None:
+    _HOST[:] = [engine_host]
+
+
+def run(
+    tmp_path: Path, connector: dict[str, Any] | None, fresh: bool = False, **extra: Any
+) -> dict[str, Any]:
+    """Run the program on a fresh engine (memoized per configuration): in the engine host,
+    or with ``fresh`` (or a multiprocess engine) in a subprocess of its own."""
     spec = {
         "connector": connector,
         "engine": ENGINE,
@@ -91,6 +104,9 @@ def run(tmp_path: Path, connector: dict[str, Any] | None, **extra: Any) -> dict[
     note = spec.pop("note", None)  # tells apart runs of equal specs (e.g. a restart)
     key = json.dumps([spec, note], sort_keys=True)
     if key in _RESULTS:
+        return _RESULTS[key]
+    if not (fresh or spec.get("multiprocess")):
+        _RESULTS[key] = _HOST[0].run(spec)
         return _RESULTS[key]
     spec_path = tmp_path / f"spec-{len(_RESULTS)}.json"
     out_path = spec_path.with_suffix(".out.json")
@@ -107,7 +123,8 @@ def run(tmp_path: Path, connector: dict[str, Any] | None, **extra: Any) -> dict[
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def baseline(tmp_path_factory: pytest.TempPathFactory, engine_host: EngineHost) -> dict[str, Any]:
+    _HOST[:] = [engine_host]  # for modules that import this fixture and run()
     return run(tmp_path_factory.mktemp("baseline"), None)
 
 
@@ -146,6 +163,7 @@ def expected_hit(prompt_len: int, sync: bool) -> int:
     return hit - 1 if sync and hit == prompt_len else hit
 
 
+@pytest.mark.xdist_group("vllm-hits")
 def test_sync_hits_are_exact_and_attributed(tmp_path, baseline):
     r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": "1GiB"})
     assert outputs(r) == outputs(baseline)
@@ -174,6 +192,7 @@ def test_sync_hits_are_exact_and_attributed(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-hits")
 def test_async_hits_take_more_steps(tmp_path, baseline):
     sync = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": "1GiB"})
     r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": 0})
@@ -187,6 +206,7 @@ def test_async_hits_take_more_steps(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-hits")
 def test_per_step_budget_is_never_exceeded(tmp_path, baseline):
     budget = expected_hit(len(PROMPTS[1]), False) * BYTES_PER_TOKEN  # one prompt's hit
     r = run(tmp_path, {"cpu_bytes": "512MiB", "sync_budget": budget})
@@ -197,6 +217,7 @@ def test_per_step_budget_is_never_exceeded(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-hits")
 def test_auto_budget_needs_no_tuning(tmp_path, baseline):
     r = run(tmp_path, {"cpu_bytes": "512MiB"})
     assert outputs(r) == outputs(baseline)
@@ -207,6 +228,7 @@ def test_auto_budget_needs_no_tuning(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-hits")
 def test_failed_loads_recompute(tmp_path, baseline):
     budget = expected_hit(len(PROMPTS[1]), False) * BYTES_PER_TOKEN  # some sync, some async
     r = run(
@@ -220,6 +242,7 @@ def test_failed_loads_recompute(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-hits")
 def test_failed_stores_are_future_misses(tmp_path, baseline):
     r = run(
         tmp_path,
@@ -234,6 +257,7 @@ def test_failed_stores_are_future_misses(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-hits")
 def test_multiprocess_engine_by_registered_name(tmp_path, baseline):
     r = run(
         tmp_path, {"cpu_bytes": "512MiB", "sync_budget": "1GiB"}, multiprocess=True, by_name=True
@@ -266,6 +290,7 @@ def corrupt_payloads(disk_dir: Path) -> int:
     return flipped
 
 
+@pytest.mark.xdist_group("vllm-stacks")
 def test_disk_tier_survives_an_engine_restart(tmp_path, baseline):
     """An engine stores to disk and exits; a new engine process on the same directory
     serves the prompts from disk, token-identical; corrupted payloads become recompute."""
@@ -278,7 +303,7 @@ def test_disk_tier_survives_an_engine_restart(tmp_path, baseline):
     import shutil
 
     shutil.copytree(disk, tmp_path / "disk-corrupt")
-    again = run(tmp_path, cfg, program=[phase("p1", 12)], note="restart")
+    again = run(tmp_path, cfg, fresh=True, program=[phase("p1", 12)], note="restart")
     assert outputs(again)[0] == outputs(baseline)[0]
     srcs = sources(again, 0)
     assert srcs[0] == {"disk": expected_hit(len(PROMPTS[0]), False)}
@@ -288,13 +313,16 @@ def test_disk_tier_survives_an_engine_restart(tmp_path, baseline):
 
     assert corrupt_payloads(tmp_path / "disk-corrupt") > 0
     bad = run(
-        tmp_path, {**cfg, "disk_path": str(tmp_path / "disk-corrupt")}, program=[phase("p1", 12)]
+        tmp_path,
+        {**cfg, "disk_path": str(tmp_path / "disk-corrupt")},
+        program=[phase("p1", 12)],
     )
     assert outputs(bad)[0] == outputs(baseline)[0]
     assert metric(bad, "failures", "disk", "load") > 0
     assert_clean(bad)
 
 
+@pytest.mark.xdist_group("vllm-stacks")
 def test_write_back_disk_serves_what_the_cpu_tier_evicted(tmp_path, baseline):
     """A 12-chunk CPU tier, write-back: the chunks it evicts are demoted to disk and come
     back from there, token-identical; chunks never evicted are never written to disk."""
@@ -315,6 +343,7 @@ def test_write_back_disk_serves_what_the_cpu_tier_evicted(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-stacks")
 def test_three_tier_stack_by_config_alone(tmp_path, baseline):
     """cpu (12 chunks) -> memory (24 chunks, write-back from cpu) -> disk (write-through
     from memory), given only as a ``tiers`` list: chunks the CPU tier evicts come back from
@@ -345,6 +374,7 @@ def test_three_tier_stack_by_config_alone(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-stacks")
 def test_slow_shared_tier_lookups_ask_again_later(tmp_path, baseline):
     """A shared tier (in-process memory space) whose probes take 50 ms, under a 12-chunk
     CPU tier: vLLM is told to ask again later (the scheduler never waits on the probe),
@@ -390,6 +420,7 @@ def tight_program() -> list[dict[str, Any]]:
     return ops
 
 
+@pytest.mark.xdist_group("vllm-stacks")
 def test_preemption_and_abort_leak_nothing(tmp_path):
     base = run(tmp_path, None, engine=TIGHT, program=tight_program())
     r = run(

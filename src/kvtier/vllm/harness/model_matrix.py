@@ -66,24 +66,18 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0,
         }
     try:
-        out: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0, "ops": []}
-        history: dict[str, list[int]] = {}
-        for op in spec["program"]:
-            if op["op"] == "serve":
-                out["ops"].append(runner.serve(llm, op, history))
-            elif op["op"] == "reset_prefix_cache":
-                runner.drain(llm)
-                llm.reset_prefix_cache(reset_connector=bool(op.get("connector")))
-            else:
-                raise ValueError(f"model_matrix: unsupported op {op['op']!r}")
         conn = runner._connector(llm)
         if spec.get("inspect") and conn is not None:
             scheduler_only = conn.setup.groups.recurrent or spec["inspect"] == "scheduler"
-            out["kvtier"] = _inspect_scheduler(llm) if scheduler_only else runner.inspect(llm)
+            if scheduler_only:  # its workers are in other processes, or it has none
+                out = runner.execute(llm, {**spec, "inspect": False}, t0)
+                out["kvtier"] = _inspect_scheduler(llm)
+            else:
+                out = runner.execute(llm, spec, t0)
             out["kvtier"]["kv_groups"] = conn.setup.groups.num_groups
             out["kvtier"]["layout"] = [g.kind.value for g in conn.setup.layout.groups]
-        out["seconds"] = time.perf_counter() - t0
-        return out
+            return out
+        return runner.execute(llm, spec, t0)
     finally:
         _teardown(llm)
 

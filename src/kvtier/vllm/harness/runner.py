@@ -314,6 +314,12 @@ def _flush_events(llm: Any) -> int:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     llm = build_llm(spec)
+    return execute(llm, spec, t0)
+
+
+def execute(llm: Any, spec: dict[str, Any], t0: float) -> dict[str, Any]:
+    """Run ``spec``'s program on ``llm`` (built at ``t0``, a ``perf_counter`` time) and
+    return the result :func:`run` writes; the caller owns the engine afterwards."""
     out: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0, "ops": []}
     history: dict[str, list[int]] = {}
     for op in spec["program"]:
@@ -332,6 +338,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("kv_events"):
         out["events_last_seq"] = _flush_events(llm)
     out["binding"] = llm.collective_rpc("kvtier_binding")[0]
+    out["seconds"] = time.perf_counter() - t0
     return out
 
 
