@@ -40,10 +40,10 @@ What it measures, on a redis-server this script starts on loopback (``--cluster`
   and with ``encrypt: true`` (``store_aead`` / ``load_aead``: AES-256-GCM), alternated
   batch by batch with the other sides, each over the raw client of the same run
   (``load_ratio_{mac,aead}_vs_raw_client`` and the store ones in the summary: worst over
-  rounds and sizes, ``_median``: the lowest per-size median). Stores of values of 1 MiB and
-  more seal values ahead on the store's sealer thread while the sender sends
-  (``kvtier.tiers.remote.ahead``; the sender seals inline whatever the sealer has not
-  reached), and loads of such values open them on the store's opener thread.
+  rounds and sizes, ``_median``: the lowest per-size median). Stores of values of 256 KiB
+  and more seal values ahead on the store's sealer thread while the sender sends
+  (``kvtier.tiers.remote.ahead``; the sender seals whatever the sealer has not reached),
+  and loads of values of 1 MiB and more open them on the store's opener thread.
   ``--inline-sealing`` adds two store sides sealing every part inline on the sending
   thread (``store_ratio_{mac,aead}_inline_...``).
   Each round then holds four times ``--batch-bytes`` on the server (six with
@@ -143,14 +143,14 @@ THREADS = {
     "raw_get": 1,
     "store": 1,
     "load": 1,
-    "store_mac": "1 below 1 MiB values (SEAL_AHEAD_BYTES), else 2",
-    "store_aead": "1 below 1 MiB values (SEAL_AHEAD_BYTES), else 2",
+    "store_mac": "1 below 256 KiB values (SEAL_AHEAD_BYTES), else 2",
+    "store_aead": "1 below 256 KiB values (SEAL_AHEAD_BYTES), else 2",
     "store_mac_inline": 1,
     "store_aead_inline": 1,
     "load_mac": "1 below 1 MiB values, else 2",
     "load_aead": "1 below 1 MiB values, else 2",
 }
-"""Threads each side runs on: the caller's; sealed stores of 1 MiB values and more add
+"""Threads each side runs on: the caller's; sealed stores of 256 KiB values and more add
 their store's sealer thread (values sealed ahead of the send, kvtier.tiers.remote.ahead),
 sealed loads of 1 MiB values and more its opener thread. Every side uses the one client's
 connections."""

@@ -137,6 +137,9 @@ class ValueAuth:
         self.plain_bytes = payload_bytes + HEADER_BYTES
         self._key = subkey(secret, "aead" if encrypt else "mac")
         self._local = threading.local()
+        # The AAD's parts that are the same for every value (see the module docstring).
+        self._aad_head = _AAD_HEAD + struct.pack("<BB", VERSION, self.mode)
+        self._aad_tail = namespace + struct.pack("<Q", payload_bytes)
 
     def __repr__(self) -> str:
         return f"ValueAuth({'aead' if self.mode == MODE_AEAD else 'mac'})"
@@ -149,15 +152,7 @@ class ValueAuth:
         return MAC_BYTES
 
     def aad(self, name: bytes) -> bytes:
-        return b"".join(
-            (
-                _AAD_HEAD,
-                struct.pack("<BBH", VERSION, self.mode, len(name)),
-                name,
-                self.namespace,
-                struct.pack("<Q", self.payload_bytes),
-            )
-        )
+        return b"".join((self._aad_head, struct.pack("<H", len(name)), name, self._aad_tail))
 
     def _value_key(self, salt: bytes | memoryview) -> bytes:
         return blake3.blake3(salt, key=self._key).digest(32)
@@ -182,11 +177,10 @@ class ValueAuth:
         ).encryptor()
         enc.authenticate_additional_data(aad)
         yield head
-        bufs = self._buffer("out0", PART_BYTES + 15), self._buffer("out1", PART_BYTES + 15)
-        views = [memoryview(b) for b in bufs]
+        views = self._out_views()
         for k, piece in enumerate(pieces):
-            n = enc.update_into(piece, bufs[k & 1])
-            yield views[k & 1][:n]
+            view = views[k & 1]
+            yield view[: enc.update_into(piece, view)]
         enc.finalize()
         yield enc.tag
 
@@ -256,6 +250,17 @@ class ValueAuth:
         except InvalidTag:
             return None
         return memoryview(plain)
+
+    def _out_views(self) -> tuple[memoryview, memoryview]:
+        """This thread's two buffers for :meth:`seal`'s parts (PART_BYTES and the 15 bytes
+        of room the encryptor wants past a piece)."""
+        views: tuple[memoryview, memoryview] | None = getattr(self._local, "out", None)
+        if views is None:
+            views = self._local.out = (
+                memoryview(bytearray(PART_BYTES + 15)),
+                memoryview(bytearray(PART_BYTES + 15)),
+            )
+        return views
 
     def _buffer(self, which: str, size: int) -> bytearray:
         buf: bytearray | None = getattr(self._local, which, None)

@@ -48,12 +48,15 @@ OPEN_AHEAD_BYTES = 1 << 20
 read. On this (heavily shared, 2-core) machine that read 1.2x faster at 1 and 4 MiB
 values and 0.6x at 256 KiB (a thread hand-off per value costs more than it overlaps)."""
 
-SEAL_AHEAD_BYTES = 1 << 20
+SEAL_AHEAD_BYTES = 256 << 10
 """Sealed values at least this long are sealed ahead on a second thread while the sender
-sends (:mod:`kvtier.tiers.remote.ahead`); shorter ones inline. Alternating both ways on this
-heavily shared 2-core machine (the server on the same cores), sealing ahead stored 4 MiB
-values at 1.0-1.2x the inline rate (medians, four runs), 1 MiB values at 0.9-1.15x, and
-256 KiB values at 0.9x for AES-GCM (a hand-off per value, more of them per byte)."""
+sends (:mod:`kvtier.tiers.remote.ahead`); shorter ones inline. Both ways in the same runs
+(``benchmarks/remote_tier.py --inline-sealing``, three runs on this heavily shared 2-core
+machine, the server on the same cores), store ratio medians ahead against inline: 256 KiB
+values 0.62-0.70 against 0.58-0.66 with AES-GCM, 0.65-0.76 against 0.60-0.69 with a MAC;
+1 and 4 MiB values within noise of each other (0.71-0.81 against 0.72-0.80 with AES-GCM),
+worst rounds at 1 MiB 0.60-0.77 against 0.47-0.75. Below 256 KiB (not measured) a hand-off
+per value weighs more per byte."""
 
 SUSPECTS_MAX = 1 << 16
 """Names remembered as holding a bad value (forgotten all at once past this)."""
