@@ -1,8 +1,9 @@
-"""The test side of :mod:`kvtier.vllm.harness.engine_host`: one long-lived process that
-runs a test module's engine specs one after another, each on a fresh in-process engine."""
+"""The test side of :mod:`kvtier.vllm.harness.engine_host`: one long-lived process per test
+worker that runs engine specs one after another, each on a fresh in-process engine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -11,9 +12,10 @@ from typing import IO, Any
 
 
 class EngineHost:
-    """Sends specs to an engine host subprocess (started on first use, restarted if it
-    died) and returns their results. Its stderr goes to ``workdir/host.log``, whose tail
-    a failed run's assertion message carries."""
+    """Sends specs to an engine host subprocess and returns their results. The process
+    starts on first use; after a failed run it is stopped, so the next spec starts on a
+    fresh interpreter and never on state a failed engine left behind. Its stderr goes to
+    ``workdir/host.log``, whose tail a failed run's assertion message carries."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -23,6 +25,7 @@ class EngineHost:
 
     def _start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
+            self.close()
             self.log = open(self.workdir / "host.log", "a")  # noqa: SIM115 (closed in close())
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kvtier.vllm.harness.engine_host"],
@@ -48,19 +51,28 @@ class EngineHost:
         proc.stdin.write(f"{spec_path} {out_path}\n")
         proc.stdin.flush()
         reply = proc.stdout.readline()
-        assert reply.strip() == f"done {out_path}", f"engine host died: {self.log_tail()}"
+        if reply.strip() != f"done {out_path}":
+            self.close()
+            raise AssertionError(f"engine host died: {self.log_tail()}")
         result: dict[str, Any] = json.loads(out_path.read_text())
-        assert "error" not in result, f"{result}\n{self.log_tail()}"
+        if "error" in result:
+            self.close()
+            raise AssertionError(f"{result}\n{self.log_tail()}")
         return result
 
     def close(self) -> None:
+        """Stop the host process (it exits at the end of its input) and close its log."""
         if self.proc is not None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            with contextlib.suppress(BrokenPipeError):  # a host that died has no reader
+                self.proc.stdin.close()
+            self.proc.stdout.close()
             try:
                 self.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            self.proc = None
         if self.log is not None:
             self.log.close()
+            self.log = None
