@@ -344,3 +344,10 @@ def test_cli_sim_prints_the_policy_table(
         assert set(hit) == {"lru", "default", "lru-oracle", "belady", "infinite"}
         assert hit["lru"] <= hit["lru-oracle"] <= hit["belady"] <= hit["infinite"] + 1e-9
         assert r["default_minus_lru"] == pytest.approx(hit["default"] - hit["lru"], abs=1e-3)
+
+
+def test_the_oracle_progress_passes_match_its_replay():
+    from kvtier.tools.sim.bounds import ORACLE_PASSES
+    from kvtier.tools.sim.simulator import _BOUND_PASSES
+
+    assert _BOUND_PASSES["oracle"] == ORACLE_PASSES

@@ -335,6 +335,11 @@ def replay_infinite(trace: Trace, *, tick: Tick | None = None) -> ReplayCounts:
 # -- driver --------------------------------------------------------------------------------
 
 
+_BOUND_PASSES = {"belady": 1, "oracle": 3, "reuse": 1}
+"""Passes over the trace each offline bound replays per size (the oracle's is
+:data:`kvtier.tools.sim.bounds.ORACLE_PASSES`; ``tests/test_sim.py`` checks they agree)."""
+
+
 class _Runner:
     """Runs policies on one trace, caching what several runs share: the next-use table and
     bound replays that depend only on a slot count."""
@@ -343,9 +348,7 @@ class _Runner:
         self.trace = trace
         self.tick = tick
         self._future: list[list[int]] | None = None
-        self._belady: dict[int, ReplayCounts] = {}
-        self._oracle: dict[int, ReplayCounts] = {}
-        self._reuse: dict[int, ReplayCounts] = {}
+        self._bounds: dict[tuple[str, int], ReplayCounts] = {}
         self._infinite: ReplayCounts | None = None
 
     def run(self, spec: PolicySpec, tiers: Sequence[TierCapacity]) -> ReplayCounts:
@@ -355,12 +358,8 @@ class _Runner:
             return replay_index(self.trace, slots, spec.eviction, spec.min_seen, tick=self.tick)
         if spec.kind == "default":
             return replay_index(self.trace, slots, "", config=KVTierConfig(), tick=self.tick)
-        if spec.kind == "belady":
-            return self._bound_tiers(slots, self._belady_one)
-        if spec.kind == "oracle":
-            return self._bound_tiers(slots, self._oracle_one)
-        if spec.kind == "reuse":
-            return self._bound_tiers(slots, self._reuse_one)
+        if spec.kind in _BOUND_PASSES:
+            return self._bound_tiers(slots, lambda n: self._bound_one(spec.kind, n))
         return self._infinite_tiers(len(slots))
 
     def _future_uses(self) -> list[list[int]]:
@@ -368,36 +367,24 @@ class _Runner:
             self._future = next_uses(self.trace)
         return self._future
 
-    def _belady_one(self, slots: int) -> ReplayCounts:
-        if slots not in self._belady:
-            self._belady[slots] = replay_belady(
+    def _bound_one(self, kind: str, slots: int) -> ReplayCounts:
+        """The offline bound ``kind`` at one size, replayed once per size; a repeat still
+        advances the progress bar by the passes the replay took."""
+        from kvtier.tools.sim.bounds import replay_lru_oracle, replay_lru_reuse
+
+        key = (kind, slots)
+        if key not in self._bounds:
+            replays: dict[str, Callable[..., ReplayCounts]] = {
+                "belady": replay_belady,
+                "oracle": replay_lru_oracle,
+                "reuse": replay_lru_reuse,
+            }
+            self._bounds[key] = replays[kind](
                 self.trace, slots, self._future_uses(), tick=self.tick
             )
         elif self.tick is not None:
-            self.tick(len(self.trace.keys))
-        return self._belady[slots]
-
-    def _oracle_one(self, slots: int) -> ReplayCounts:
-        from kvtier.tools.sim.bounds import ORACLE_PASSES, replay_lru_oracle
-
-        if slots not in self._oracle:
-            self._oracle[slots] = replay_lru_oracle(
-                self.trace, slots, self._future_uses(), tick=self.tick
-            )
-        elif self.tick is not None:
-            self.tick(ORACLE_PASSES * len(self.trace.keys))
-        return self._oracle[slots]
-
-    def _reuse_one(self, slots: int) -> ReplayCounts:
-        from kvtier.tools.sim.bounds import replay_lru_reuse
-
-        if slots not in self._reuse:
-            self._reuse[slots] = replay_lru_reuse(
-                self.trace, slots, self._future_uses(), tick=self.tick
-            )
-        elif self.tick is not None:
-            self.tick(len(self.trace.keys))
-        return self._reuse[slots]
+            self.tick(_BOUND_PASSES[kind] * len(self.trace.keys))
+        return self._bounds[key]
 
     def _bound_tiers(
         self, slots: Sequence[int], one: Callable[[int], ReplayCounts]
@@ -478,7 +465,7 @@ def run_sim(
     load_seconds = time.perf_counter() - t0
     configs = resolve(trace.unique_blocks * block_tokens)
     # A bound replays once per tier (cumulative sizes), the oracle a few passes each.
-    per = {"belady": 1, "oracle": 3, "reuse": 1}
+    per = _BOUND_PASSES
     work = sum(len(c) * per[s.kind] if s.kind in per else 1 for c in configs for s in specs)
     bar = _progress_bar(work * len(trace.keys), progress)
     runner = _Runner(trace, bar.update if bar is not None else None)
