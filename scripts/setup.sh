@@ -22,7 +22,7 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     echo "setup: redis-server or openssl is missing; install Debian's redis-server and openssl packages" >&2
   fi
 fi
-want=$(sha256sum scripts/setup.sh pyproject.toml src/kvtier/tiers/disk/_slabio.c src/kvtier/_keychain.c | sha256sum | cut -c1-16)
+want=$(sha256sum scripts/setup.sh pyproject.toml src/kvtier/tiers/disk/_slabio.c src/kvtier/_keychain.c src/kvtier/transfer/_rowcopy.c | sha256sum | cut -c1-16)
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
