@@ -257,6 +257,17 @@ def test_failed_stores_are_future_misses(tmp_path, baseline):
     assert_clean(r)
 
 
+@pytest.mark.xdist_group("vllm-stacks")
+def test_settle_waits_for_the_cpu_tier_memory(tmp_path):
+    # Benchmarks measure the steady state after the runner's settle op: it must find the
+    # worker's CPU tier and wait for its background warm-up, not return at once.
+    r = run(tmp_path, {"cpu_bytes": "256MiB"}, program=[{"op": "settle"}])
+    (settled,) = r["settle"]
+    (warm,) = settled["warm_seconds"]
+    assert warm is not None and warm > 0
+    assert 0 <= settled["waited_seconds"] < 120
+
+
 @pytest.mark.xdist_group("vllm-hits")
 def test_multiprocess_engine_by_registered_name(tmp_path, baseline):
     r = run(

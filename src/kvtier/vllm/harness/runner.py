@@ -16,7 +16,7 @@ SPEC (JSON)::
           "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>",
           "image": {"seed": 1, "size": 64} | null}],
          "max_concurrency": 4},
-        {"op": "reset_prefix_cache"}, {"op": "drain"}]}
+        {"op": "reset_prefix_cache"}, {"op": "drain"}, {"op": "settle"}]}
 
 ``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
 than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
@@ -29,7 +29,9 @@ A request with ``extend`` continues an earlier request once that one has finishe
 prompt is that request's prompt + its output (without a final end-of-sequence token) +
 ``prompt`` (multi-turn chat). ``reset_prefix_cache`` drops the engine's own prefix cache
 (and kvtier's tiers too with ``"connector": true``). ``drain`` steps the idle engine until
-kvtier has no job in flight. OUT holds every op's results and, with ``inspect``, kvtier's
+kvtier has no job in flight. ``settle`` waits until kvtier's CPU tier memory is faulted
+in (done in the background after start-up; see :mod:`kvtier.vllm.probe`) and records the
+wait in OUT's ``settle`` list. OUT holds every op's results and, with ``inspect``, kvtier's
 internal state (in-process engines only), with ``inspect_keys`` also every tier's readable
 chunk keys and the key seed. ``kv_events`` turns vLLM's KV events on (``KVEventsConfig``
 fields); OUT's ``events_last_seq`` is then the last batch published. With
@@ -331,6 +333,8 @@ def execute(llm: Any, spec: dict[str, Any], t0: float) -> dict[str, Any]:
             llm.reset_prefix_cache(reset_connector=bool(op.get("connector")))
         elif kind == "drain":
             drain(llm)
+        elif kind == "settle":
+            out.setdefault("settle", []).append(llm.collective_rpc("kvtier_settle")[0])
         else:
             raise ValueError(f"runner: unknown op {kind!r}")
     if spec.get("inspect") and _connector(llm) is not None:
