@@ -19,7 +19,7 @@ from kvtier.errors import ConfigError
 from kvtier.jobs import WorkerReport
 from kvtier.keys import GROUP_CHUNKS, KEY_BYTES, TAG_BYTES, Namespace
 from kvtier.metrics import Metrics, PrometheusExporter
-from kvtier.tiers.envelope import HEADER_BYTES, parse_envelope, seal
+from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, parse_envelope, seal, unseal
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, ValueAuth, subkey
 from kvtier.tiers.remote.client import RemoteUnavailable
@@ -522,3 +522,43 @@ def test_sealing_ahead_stops_cleanly_on_bad_segments(server):  # noqa: F811
     finally:
         store.close()
         raw.close()
+
+
+def test_sealed_values_skip_the_payload_checksum_that_plain_tiers_need(server):  # noqa: F811
+    """Under a tag the envelope is tagged and carries no payload checksum (the tag covers
+    the payload); a plain tier never accepts a tagged envelope, so nobody can switch a
+    plain value's checksum off by setting the flag."""
+    flush(server.url)
+    raw = raw_client(server.url)
+    keys, data = chain(3, salt=71), payload(3, 71)
+    for mode in ["off", *MODES]:
+        store = make_store(server.url, mode, SECRET_A)
+        assert store.write([-1] * 3, keys, segs(data)) == [True] * 3
+        if mode != "aead":  # AEAD values are ciphertext: their envelope is not readable
+            value = raw.get(store.keyspace.names(keys, 0)[0])
+            plain = value[:-MAC_BYTES] if mode == "mac" else value
+            env = parse_envelope(plain[-HEADER_BYTES:])
+            assert env is not None and env.tagged == (mode == "mac")
+            assert (env.checksum == 0) == (mode == "mac")
+        ok, out = read(store, keys)
+        assert ok == [True] * 3 and torch.equal(out, data)
+        store.close()
+    # A plain value whose envelope claims a tag: a bad value, not a payload taken unchecked.
+    plain_store = make_store(server.url, "off", None)
+    name = plain_store.keyspace.names(keys[:1], 0)[0]
+    env = pack_envelope(
+        keys[0], None, NAMESPACE.for_rank(0).digest(), 0, CHUNK_BYTES, 0, tagged=True
+    )
+    raw.set(name, bytes(CHUNK_BYTES) + env)
+    assert read(plain_store, keys[:1])[0] == [False] and plain_store.bad_values == 1
+    plain_store.close()
+    raw.close()
+
+
+def test_tagged_envelopes_open_only_for_a_caller_that_checked_the_tag():
+    key, ns, body = chain(1, salt=72)[0], NAMESPACE.digest(), bytes(range(256)) * 4
+    tagged = body + pack_envelope(key, None, ns, 0, len(body), 0, tagged=True)
+    assert unseal(tagged, key, ns, len(body), tail=True) is None
+    assert bytes(unseal(tagged, key, ns, len(body), tail=True, tag_checked=True) or b"") == body
+    with pytest.raises(ValueError, match="no payload checksum"):
+        pack_envelope(key, None, ns, 0, len(body), 1, tagged=True)

@@ -10,7 +10,8 @@ Little-endian, ``struct`` format ``HEADER_FORMAT``::
     0    4   magic b"KVTS"                  52  20   parent key (zeros when none)
     4    2   format version (2)             72  16   namespace digest (Namespace.digest())
     6    2   flags: bit 0 has parent,       88  32   reserved (zeros)
-             bit 1 parent unknown           120  8   header checksum: xxh3_64 of [0, 120)
+             bit 1 parent unknown,          120  8   header checksum: xxh3_64 of [0, 120)
+             bit 2 tagged (see below)
     8    8   sequence number (disk: write order; 0 elsewhere)
     16   8   payload length (bytes)
     24   8   payload checksum: xxh3_64(payload, seed = xxh3_64(key || namespace))
@@ -22,6 +23,13 @@ Version 2 came with 20-byte keys (key format 3, :mod:`kvtier.keys`); a version-1
 The payload checksum is seeded with the key and namespace, so bytes stored under another
 key or by another namespace (model, layout, rank) never validate, even when a store hands
 back the wrong value for a key. Parsing never trusts a field it has not checked.
+
+A *tagged* envelope (flag bit 2) has no payload checksum (the field is 0): it travels inside
+a remote value whose MAC or AES-GCM tag covers the envelope and the payload
+(:mod:`kvtier.tiers.remote.auth`), which detects everything the checksum would, so the
+checksum's pass over the payload is skipped on both ends. :func:`unseal` accepts a tagged
+envelope only from a caller that checked that tag (``tag_checked``); anywhere else it is
+a bad value.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ SUMMED_BYTES = HEADER_BYTES - 8
 """The header checksum covers bytes ``[0, SUMMED_BYTES)``."""
 FLAG_HAS_PARENT = 1
 FLAG_PARENT_UNKNOWN = 2
+FLAG_TAGGED = 4
 NO_KEY = bytes(KEY_BYTES)
 
 assert _HEADER.size == HEADER_BYTES and PARENT_AT == KEY_AT + KEY_BYTES
@@ -62,6 +71,8 @@ class Envelope(NamedTuple):
     seq: int
     length: int
     checksum: int
+    tagged: bool
+    """No payload checksum: the value's tag covers the payload (see the module docstring)."""
 
 
 def payload_seed(key: Key, namespace: bytes) -> int:
@@ -88,9 +99,15 @@ def pack_envelope(
     checksum: int,
     *,
     parent_unknown: bool = False,
+    tagged: bool = False,
 ) -> bytes:
-    """Encode an envelope, header checksum included."""
+    """Encode an envelope, header checksum included; ``tagged``: no payload checksum
+    (``checksum`` must be 0), for a value whose tag covers the payload."""
     flags = FLAG_PARENT_UNKNOWN if parent_unknown else (FLAG_HAS_PARENT if parent else 0)
+    if tagged:
+        if checksum:
+            raise ValueError("a tagged envelope carries no payload checksum")
+        flags |= FLAG_TAGGED
     head = _HEADER.pack(
         MAGIC,
         VERSION,
@@ -120,7 +137,8 @@ def parse_envelope(data: bytes | bytearray | memoryview) -> Envelope | None:
         return None
     unknown = bool(flags & FLAG_PARENT_UNKNOWN)
     linked = bool(flags & FLAG_HAS_PARENT) and not unknown
-    return Envelope(key, parent if linked else None, unknown, ns, seq, length, psum)
+    tagged = bool(flags & FLAG_TAGGED)
+    return Envelope(key, parent if linked else None, unknown, ns, seq, length, psum, tagged)
 
 
 def seal(
@@ -134,11 +152,18 @@ def seal(
 
 
 def unseal(
-    value: bytes | None, key: Key, namespace: bytes, length: int, *, tail: bool = False
+    value: bytes | None,
+    key: Key,
+    namespace: bytes,
+    length: int,
+    *,
+    tail: bool = False,
+    tag_checked: bool = False,
 ) -> memoryview | None:
     """The payload of a sealed value (envelope in front, or after it with ``tail``), or
     None when the value is missing, truncated, under another key or namespace, of another
-    length, or fails its checksum."""
+    length, or fails its checksum. A tagged envelope (no checksum) is accepted only with
+    ``tag_checked``: the caller verified the MAC or AEAD tag over this value."""
     if value is None or len(value) != HEADER_BYTES + length:
         return None
     view = memoryview(value)
@@ -146,6 +171,8 @@ def unseal(
     if env is None or env.key != key or env.namespace != namespace or env.length != length:
         return None
     payload = view[:length] if tail else view[HEADER_BYTES:]
+    if env.tagged:
+        return payload if tag_checked else None
     if payload_checksum(payload, key, namespace) != env.checksum:
         return None
     return payload

@@ -23,10 +23,12 @@ _ZEROS = memoryview(bytes(PART_BYTES))
 
 class PlainParts:
     """Plain values of ``slot_bytes`` payload bytes. Thread-safe: each thread stages device
-    segments through its own host buffer."""
+    segments through its own host buffer. ``checksum=False``: tagged envelopes without a
+    payload checksum, for a tier that seals every value with a MAC or AEAD tag."""
 
-    def __init__(self, slot_bytes: int) -> None:
+    def __init__(self, slot_bytes: int, *, checksum: bool = True) -> None:
         self.slot_bytes = slot_bytes
+        self.checksum = checksum
         self._local = threading.local()
 
     def _staging(self) -> torch.Tensor:
@@ -46,15 +48,16 @@ class PlainParts:
         segments as views of their own memory, device segments through this thread's host
         buffer, zeros where no segment covers the payload, the envelope last. Segments must
         not overlap nor run past ``slot_bytes``. A source changed while it is sent fails the
-        checksum on reading (a miss, never wrong bytes)."""
-        csum = payload_hasher(key, namespace)
+        checksum (or tag) on reading (a miss, never wrong bytes)."""
+        csum = payload_hasher(key, namespace) if self.checksum else None
         pos = 0
         for off, seg in [*sorted(chunk, key=lambda s: s[0]), (self.slot_bytes, None)]:
             if off < pos:
                 raise ValueError(f"segments overlap or overrun the payload at offset {off}")
             for lo in range(pos, off, len(_ZEROS)):  # a gap
                 piece = _ZEROS[: min(off, lo + len(_ZEROS)) - lo]
-                csum.update(piece)
+                if csum is not None:
+                    csum.update(piece)
                 yield piece
             if seg is None:
                 break
@@ -76,6 +79,10 @@ class PlainParts:
                     buf = self._staging()[: hi - lo]
                     buf.copy_(flat[lo:hi])
                     piece = buf.numpy().data
-                csum.update(piece)
+                if csum is not None:
+                    csum.update(piece)
                 yield piece
-        yield pack_envelope(key, parent, namespace, 0, self.slot_bytes, csum.intdigest())
+        if csum is None:
+            yield pack_envelope(key, parent, namespace, 0, self.slot_bytes, 0, tagged=True)
+        else:
+            yield pack_envelope(key, parent, namespace, 0, self.slot_bytes, csum.intdigest())

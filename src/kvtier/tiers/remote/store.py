@@ -5,8 +5,9 @@ Writes seal every chunk into a single value, the payload followed by its envelop
 tier with a secret, a MAC or AES-GCM around both (:mod:`kvtier.tiers.remote.auth`), so no
 metadata can be evicted apart from its data. They skip keys already present (another engine
 stored them): one EXISTS per write job, then SETs of the rest, each value sent from its
-source's own memory part by part, each part checksummed (and MACed or encrypted) just
-before it is sent (with a secret, values of SEAL_AHEAD_BYTES and more are sealed on a
+source's own memory part by part, each part checksummed (or, on a tier with a secret,
+MACed or encrypted instead: the tag covers what the checksum would, and the envelope says
+so) just before it is sent (with a secret, values of SEAL_AHEAD_BYTES and more are sealed on a
 helper thread while the ones before them are sent: :mod:`kvtier.tiers.remote.ahead`).
 Reads send a batch's GETs and check each value as it arrives; a value that is missing,
 truncated, stored under another key or namespace, fails its checksum or its tag, fails
@@ -125,7 +126,9 @@ class RemoteStore(SlotStore):
         self._set_at: dict[bytes, int] = {}
         self._setting: set[bytes] = set()
         self._reported: dict[str, int] = {}
-        self._parts = PlainParts(slot_bytes)
+        # Under a tag, the envelope's own payload checksum would be a second pass over
+        # every byte that detects nothing the tag does not.
+        self._parts = PlainParts(slot_bytes, checksum=auth is None)
         self._lock = threading.Lock()
         self._pools_lock = threading.Lock()
         self._pools: dict[str, ThreadPoolExecutor] = {}
@@ -314,7 +317,14 @@ class RemoteStore(SlotStore):
             if plain is None:
                 self.auth_failures += 1
                 return False
-        payload = unseal(plain, key, self.namespace, self.slot_bytes, tail=True)
+        payload = unseal(
+            plain,
+            key,
+            self.namespace,
+            self.slot_bytes,
+            tail=True,
+            tag_checked=self.auth is not None,
+        )
         if payload is None:
             self.bad_values += 1
             return False
