@@ -26,6 +26,8 @@ WritePolicy = Literal["write-through", "write-back"]
 EVICTION_POLICIES: tuple[str, ...] = eviction_names()
 """The registered eviction policies (:mod:`kvtier.policies.registry`)."""
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
+LayerLoads = Literal["auto", "on", "off"]
+LAYER_LOADS: tuple[str, ...] = ("auto", "on", "off")
 FLAT_KEYS: dict[str, tuple[str, str]] = {
     "cpu_bytes": ("cpu", "capacity"),
     "disk_path": ("disk", "path"),
@@ -107,6 +109,15 @@ class KVTierConfig:
     """Bytes per engine step that may load within the step: "auto" (default; derived from
     the measured copy bandwidth and the observed step time, no tuning), a size such as
     "64MiB", or 0 / "off" (every hit loads asynchronously)."""
+
+    layer_loads: LayerLoads = "auto"
+    """Whether loads within the step (sync loads) are copied layer by layer while the
+    forward runs: each layer's attention waits for that layer's KV alone, and the copy
+    runs one layer ahead of it. "on", "off", or "auto" (default; see docs/configuration.md
+    for what it picks and the measurements behind it). Only CPU-tier hits into an engine
+    whose KV is in host memory load layer by layer (the CPU tier's row copies split by
+    layer; a disk chunk's checksum covers all its layers, so a disk hit still loads whole
+    before the forward); elsewhere "on" means "off". Outputs are the same in every mode."""
 
     disk_path: str | None = None
     """Directory of the disk tier; None disables the disk tier."""
@@ -315,6 +326,7 @@ _PARSERS: dict[str, Any] = {
     "disk_eviction": _flat("disk_eviction"),
     "admission_min_seen": integer(1),
     "sync_budget": lambda v, n: SyncBudget.parse(v, name=n),
+    "layer_loads": choice(LAYER_LOADS),
     "disk_path": _flat("disk_path"),
     "disk_bytes": _flat("disk_bytes"),
     "disk_write_policy": choice(WRITE_POLICIES),
