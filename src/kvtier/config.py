@@ -112,12 +112,15 @@ class KVTierConfig:
 
     layer_loads: LayerLoads = "auto"
     """Whether loads within the step (sync loads) are copied layer by layer while the
-    forward runs: each layer's attention waits for that layer's KV alone, and the copy
-    runs one layer ahead of it. "on", "off", or "auto" (default; see docs/configuration.md
-    for what it picks and the measurements behind it). Only CPU-tier hits into an engine
-    whose KV is in host memory load layer by layer (the CPU tier's row copies split by
-    layer; a disk chunk's checksum covers all its layers, so a disk hit still loads whole
-    before the forward); elsewhere "on" means "off". Outputs are the same in every mode."""
+    forward runs: each layer's attention waits for that layer's KV alone, with the copy
+    one layer ahead of it. "on", "off", or "auto" (default), which is off: on vLLM's CPU
+    backend the copy thread competes with the forward's threads for the same cores, and
+    layer-wise CPU-tier hits measured 5% (1k tokens) and 11% (4k) slower than whole
+    loads (``benchmarks/vllm_ttft.py``, one compute thread); GPU engines load whole (a
+    host-side wait would not order the GPU's stream). Only CPU-tier hits into host-memory
+    KV of one KV-cache group can load layer by layer (the CPU tier's row copies split by
+    layer); disk hits always load between steps. Elsewhere "on" acts as "off". Outputs
+    are the same in every mode."""
 
     disk_path: str | None = None
     """Directory of the disk tier; None disables the disk tier."""
@@ -179,9 +182,9 @@ class KVTierConfig:
     """Testing only: the fault wrapper on the first tier's store, e.g. {"seed": 1,
     "read_fail_rate": 0.2} or {"fail_all_reads": true}, with the keys of a tier's
     ``faults`` (seed, read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes,
-    slow_rate, slow_seconds, rows); "disk": a mapping of the same keys for the tier named
-    "disk". Shorthand for ``faults`` on those tiers (not both). None (default) injects
-    nothing."""
+    slow_rate, slow_seconds, slow_region, rows); "disk": a mapping of the same keys for
+    the tier named "disk". Shorthand for ``faults`` on those tiers (not both). None
+    (default) injects nothing."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
