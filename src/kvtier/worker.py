@@ -83,11 +83,6 @@ class WorkerSide:
 
     # -- step hooks ------------------------------------------------------------------------
 
-    @property
-    def layerwise(self) -> bool:
-        """Whether sync loads may be loaded layer by layer."""
-        return bool(self._layers)
-
     def begin_step(self, plan: StepPlan) -> None:
         self._finish_layered()  # a step whose forward never ran (never in vLLM's order)
         self._plan = plan

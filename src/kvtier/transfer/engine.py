@@ -186,10 +186,11 @@ class TransferEngine:
         self, jobs: list[TransferJob], layers: list[list[int]]
     ) -> LayeredLoad | None:
         """Queue sync loads to be copied layer by layer (:class:`LayeredLoad`; ``layers``:
-        each engine layer's region indices, in forward order), or None, queueing
-        nothing, where they cannot be: KV not in host memory, or a job whose plan is not
-        ``"rows"`` (only the CPU tier's row copies can be split by region; a disk chunk's
-        checksum covers every layer, so none of it is good before all of it is read)."""
+        each engine layer's region indices, in forward order), or None, queueing nothing,
+        where they cannot be: KV not in host memory, a job that waits for another
+        (``after``), or a job whose plan is not ``"rows"`` (only the CPU tier's row copies
+        split by region; a disk chunk's checksum covers every layer, so none of it is good
+        before all of it is read)."""
         if not jobs or not layers or not getattr(self.regions, "arrays", None):
             return None
         plans = []
@@ -198,8 +199,8 @@ class TransferEngine:
                 prepared = self.plan(job)
             except Exception:
                 return None  # submit() plans it again and logs why
-            if not (job.sync and job.kind == "load") or prepared[0] != "rows":
-                return None
+            if not (job.sync and job.kind == "load") or prepared[0] != "rows" or job.after:
+                return None  # (a unit waits for no other job: it starts at once)
             plans.append(split_last_block(prepared))
         unit = LayeredLoad(jobs, plans, layers)
         with self._done_cond:
