@@ -12,7 +12,7 @@ distinct document (no shared prefix), one request at a time on an idle engine:
 (c') kvtier sync layer-wise: as (c) with ``layer_loads="on"``: the load is copied layer
     by layer while the forward runs (``ttft_sync_hit_layerwise_*``, and its ratio to (c));
 (d) kvtier async: as (c) with ``sync_budget=0``, so the load runs between steps;
-(e) kvtier disk hit (every size from 4k on): engine (d) also wrote every chunk through to
+(e) kvtier disk hit (every size, when 4k is one of them): engine (d) also wrote every chunk to
     a disk tier; a new engine process on the same directory (page cache hot, CPU tier
     empty) serves the prompts from disk. ``ttft_recompute_over_disk_hit_4k`` is the
     smallest per-prompt ratio (recompute of a prompt / its disk hit), not the best one.
