@@ -7,12 +7,18 @@ distinct document (no shared prefix), one request at a time on an idle engine:
 (a) recompute: the prompt seen for the first time (engine without a connector);
 (b) prefix hit: the same prompt again, served by the engine's own prefix cache;
 (c) kvtier sync: the prompt was served once, the engine's prefix cache was reset, the
-    prompt comes again and kvtier loads it from the CPU tier within the step;
+    prompt comes again and kvtier loads it from the CPU tier within the step, before the
+    forward (``layer_loads="off"``);
+(c') kvtier sync layer-wise: as (c) with ``layer_loads="on"``: the load is copied layer
+    by layer while the forward runs (``ttft_sync_hit_layerwise_*``, and its ratio to (c));
 (d) kvtier async: as (c) with ``sync_budget=0``, so the load runs between steps;
-(e) kvtier disk hit (4k only): engine (d) also wrote every chunk through to a disk tier;
-    a new engine process on the same directory (page cache hot, CPU tier empty) serves
-    the prompts from disk. ``ttft_recompute_over_disk_hit_4k`` is the smallest per-prompt
-    ratio (recompute of a prompt / its disk hit), not the best one.
+(e) kvtier disk hit (every size, when 4k is one of them): engine (d) also wrote every chunk to
+    a disk tier; a new engine process on the same directory (page cache hot, CPU tier
+    empty) serves the prompts from disk. ``ttft_recompute_over_disk_hit_4k`` is the
+    smallest per-prompt ratio (recompute of a prompt / its disk hit), not the best one.
+    Disk hits always load asynchronously (the disk tier takes no sync loads), so layer-wise
+    loading, which applies to loads within the step, cannot change them: (e') is (e) on an
+    engine with ``layer_loads="on"``, measured to show that (``ttft_disk_hit_layerwise_*``).
 
 Every engine runs in process with the same explicit compute threads (``--threads``,
 default all cores): vLLM would otherwise give the connector's engines another thread
@@ -100,14 +106,15 @@ def miss_program(prompts: list[list[int]], warm: list[int]) -> list[dict[str, An
     ]
 
 
-def disk_program(prompts: list[list[int]], warm: list[int]) -> list[dict[str, Any]]:
+def disk_program(prompts: dict[int, list[list[int]]], warm: list[int]) -> list[dict[str, Any]]:
     """A restarted engine on the disk tier: each prompt once, served from disk.
 
     Warmed like the other engines before their first measured 4k hit, which each follows a
     4k recompute: here one 4k-token prompt the disk tier does not hold is computed first
     (without it, the first disk hit paid the engine's first 4k-context forward, ~1.5 s)."""
     ops = [serve("warmup", [warm], prefix="disk-warmup")]
-    ops += [serve("disk-4096", [p], prefix=f"disk-4096-{i}") for i, p in enumerate(prompts)]
+    for size, ps in prompts.items():
+        ops += [serve(f"disk-{size}", [p], prefix=f"disk-{size}-{i}") for i, p in enumerate(ps)]
     return ops
 
 
@@ -158,12 +165,16 @@ def main() -> None:
     ap.add_argument("--sizes", default="1024,4096")
     ap.add_argument("--threads", type=int, default=None, help="compute threads of every engine")
     ap.add_argument(
-        "--miss-repeats", type=int, default=5, help="engine pairs measuring the miss path"
+        "--miss-repeats",
+        type=int,
+        default=0,
+        help="engine pairs measuring the miss path (default 5; 2 with --quick)",
     )
     args = ap.parse_args()
     threads = args.threads or default_threads(multiprocess=False)
     sizes = [1024] if args.quick else [int(x) for x in args.sizes.split(",")]
     reps = 3 if args.quick else args.reps
+    args.miss_repeats = args.miss_repeats or (2 if args.quick else 5)
     model = smollm2_path()
     docs = {s: [exact_document(model, 100 * s + i, s) for i in range(reps + 1)] for s in sizes}
     miss = [exact_document(model, 7000 + i, MISS_TOKENS) for i in range(MISS_PROMPTS)]
@@ -174,19 +185,21 @@ def main() -> None:
     disk = {"disk_path": disk_dir, "disk_bytes": "4GiB"} if 4096 in sizes else {}
     configs = {
         "off": None,
-        "sync": {"cpu_bytes": "2GiB", "sync_budget": "4GiB"},
+        "sync": {"cpu_bytes": "2GiB", "sync_budget": "4GiB", "layer_loads": "off"},
+        "sync_layers": {"cpu_bytes": "2GiB", "sync_budget": "4GiB", "layer_loads": "on"},
         "async": {"cpu_bytes": "2GiB", "sync_budget": 0, **disk},
     }
     if disk:
-        configs["disk"] = {"cpu_bytes": "2GiB", "sync_budget": 0, **disk}
+        configs["disk"] = {"cpu_bytes": "2GiB", "sync_budget": 0, "layer_loads": "off", **disk}
+        configs["disk_layers"] = {**configs["disk"], "layer_loads": "on"}
     results: dict[str, Any] = {}
     try:
         for kind, connector in configs.items():
             t0 = time.perf_counter()
             print(f"engine '{kind}' ...", flush=True)
             prog = (
-                disk_program(docs[4096][:reps], docs[4096][-1])
-                if kind == "disk"
+                disk_program({s: docs[s][:reps] for s in sizes}, docs[4096][-1])
+                if kind.startswith("disk")
                 else program(kind, sizes, reps, docs)
             )
             results[kind] = run_engine(
@@ -224,6 +237,7 @@ def main() -> None:
             "recompute": med(ttfts(results["off"], f"first-{size}")),
             "prefix_hit": med(ttfts(results["off"], f"again-{size}")),
             "kvtier_sync": med(ttfts(results["sync"], f"again-{size}")),
+            "kvtier_sync_layerwise": med(ttfts(results["sync_layers"], f"again-{size}")),
             "kvtier_async": med(ttfts(results["async"], f"again-{size}")),
         }
         cases[size] = {k: {"median_s": v} for k, v in t.items()}
@@ -232,6 +246,7 @@ def main() -> None:
                 "recompute": ("off", "first"),
                 "prefix_hit": ("off", "again"),
                 "kvtier_sync": ("sync", "again"),
+                "kvtier_sync_layerwise": ("sync_layers", "again"),
                 "kvtier_async": ("async", "again"),
             }[k]
             cases[size][k]["samples_s"] = ttfts(results[src[0]], f"{src[1]}-{size}")
@@ -246,22 +261,23 @@ def main() -> None:
                 ]
             )
     disk_ratios: list[float] = []
-    if "disk" in results:
-        hits = ttfts(results["disk"], "disk-4096")
-        recomputes = ttfts(results["off"], "first-4096")
-        disk_ratios = [r / h for r, h in zip(recomputes, hits, strict=True)]
-        t = {"kvtier_disk": med(hits)}
-        cases[4096]["kvtier_disk"] = {"median_s": t["kvtier_disk"], "samples_s": hits}
-        c = cases[4096]
-        rows.append(
-            [
-                "4096",
-                "kvtier_disk (restart)",
-                f"{t['kvtier_disk'] * 1e3:.1f}",
-                f"{t['kvtier_disk'] / c['prefix_hit']['median_s']:.2f}",
-                f"{c['recompute']['median_s'] / t['kvtier_disk']:.1f}",
-            ]
-        )
+    for size in sizes if "disk" in results else []:
+        c = cases[size]
+        for case, kind in (("kvtier_disk", "disk"), ("kvtier_disk_layerwise", "disk_layers")):
+            hits = ttfts(results[kind], f"disk-{size}")
+            if case == "kvtier_disk" and size == 4096:
+                recomputes = ttfts(results["off"], "first-4096")
+                disk_ratios = [r / h for r, h in zip(recomputes, hits, strict=True)]
+            c[case] = {"median_s": med(hits), "samples_s": hits}
+            rows.append(
+                [
+                    f"{size}",
+                    f"{case} (restart)",
+                    f"{med(hits) * 1e3:.1f}",
+                    f"{med(hits) / c['prefix_hit']['median_s']:.2f}",
+                    f"{c['recompute']['median_s'] / med(hits):.1f}",
+                ]
+            )
     print()
     print(
         format_table(
@@ -285,7 +301,13 @@ def main() -> None:
     )
 
     def ratio(size: int, a: str, b: str) -> float | None:
-        return cases[size][a]["median_s"] / cases[size][b]["median_s"] if size in cases else None
+        if size not in cases or a not in cases[size] or b not in cases[size]:
+            return None
+        return float(cases[size][a]["median_s"] / cases[size][b]["median_s"])
+
+    def ms(size: int, case: str) -> float | None:
+        got = cases.get(size, {}).get(case)
+        return None if got is None else float(got["median_s"] * 1e3)
 
     summary = {
         "ttft_sync_hit_over_prefix_hit_1k": ratio(1024, "kvtier_sync", "prefix_hit"),
@@ -302,6 +324,26 @@ def main() -> None:
         "ttft_recompute_over_disk_hit_4k_median": statistics.median(disk_ratios)
         if disk_ratios
         else None,
+        "ttft_sync_hit_1k_ms": ms(1024, "kvtier_sync"),
+        "ttft_sync_hit_4k_ms": ms(4096, "kvtier_sync"),
+        "ttft_sync_hit_layerwise_1k_ms": ms(1024, "kvtier_sync_layerwise"),
+        "ttft_sync_hit_layerwise_4k_ms": ms(4096, "kvtier_sync_layerwise"),
+        "ttft_sync_hit_layerwise_over_whole_1k": ratio(
+            1024, "kvtier_sync_layerwise", "kvtier_sync"
+        ),
+        "ttft_sync_hit_layerwise_over_whole_4k": ratio(
+            4096, "kvtier_sync_layerwise", "kvtier_sync"
+        ),
+        "ttft_disk_hit_1k_ms": ms(1024, "kvtier_disk"),
+        "ttft_disk_hit_4k_ms": ms(4096, "kvtier_disk"),
+        "ttft_disk_hit_layerwise_1k_ms": ms(1024, "kvtier_disk_layerwise"),
+        "ttft_disk_hit_layerwise_4k_ms": ms(4096, "kvtier_disk_layerwise"),
+        "ttft_disk_hit_layerwise_over_whole_1k": ratio(
+            1024, "kvtier_disk_layerwise", "kvtier_disk"
+        ),
+        "ttft_disk_hit_layerwise_over_whole_4k": ratio(
+            4096, "kvtier_disk_layerwise", "kvtier_disk"
+        ),
         "threads_equal": threads_equal,
     }
     print(

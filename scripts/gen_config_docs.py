@@ -68,6 +68,7 @@ TOP_EXAMPLES: dict[str, Any] = {
     "disk_eviction": "lru",
     "admission_min_seen": 2,
     "sync_budget": "64MiB",
+    "layer_loads": "on",
     "disk_path": "/var/cache/kvtier",
     "disk_bytes": "200GiB",
     "disk_write_policy": "write-back",

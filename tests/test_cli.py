@@ -76,7 +76,7 @@ def test_bench_end_to_end(tmp_path):
         "--workload",
         "multi-turn,no-reuse",
         "--modes",
-        "baseline,async,sync",
+        "baseline,async,sync,sync-layers",
         "--max-tokens",
         "6",
         "--doc-tokens",
@@ -94,14 +94,14 @@ def test_bench_end_to_end(tmp_path):
     # Every mode's engine measured its own binding, and they are equal (the connector's
     # engines would otherwise get another thread count than the baseline).
     binding = res["binding"]
-    assert set(binding) == {"baseline", "async", "sync"}
+    assert set(binding) == {"baseline", "async", "sync", "sync-layers"}
     assert len({(b["omp_threads"], tuple(b["cpus"])) for b in binding.values()}) == 1
     assert all(b["omp_threads"] == res["config"]["threads"] for b in binding.values())
     assert res["threads_equal"] is True
     raw = json.loads((out / "requests.json").read_text())
     for wl in ("multi-turn", "no-reuse"):
         modes = res["workloads"][wl]["modes"]
-        assert set(modes) == {"baseline", "async", "sync"}
+        assert set(modes) == {"baseline", "async", "sync", "sync-layers"}
         for mode, m in modes.items():
             for key in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "throughput_tok_s"):
                 assert m[key] > 0
@@ -118,6 +118,7 @@ def test_bench_end_to_end(tmp_path):
     assert res["workloads"]["no-reuse"]["modes"]["sync"]["hit_tokens"]["host"] == 0
     mt = res["workloads"]["multi-turn"]["modes"]
     assert mt["sync"]["hit_tokens"]["host"] > 0 and mt["sync"]["loads"]["sync"] > 0
+    assert mt["sync-layers"]["loads"]["sync"] > 0  # layer by layer, outputs still identical
     assert mt["async"]["hit_tokens"]["host"] > 0 and mt["async"]["loads"]["async"] > 0
     assert mt["baseline"]["hit_tokens"]["host"] == 0
     assert sorted(p.name for p in out.glob("*.png")) == [

@@ -26,6 +26,8 @@ WritePolicy = Literal["write-through", "write-back"]
 EVICTION_POLICIES: tuple[str, ...] = eviction_names()
 """The registered eviction policies (:mod:`kvtier.policies.registry`)."""
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
+LayerLoads = Literal["auto", "on", "off"]
+LAYER_LOADS: tuple[str, ...] = ("auto", "on", "off")
 FLAT_KEYS: dict[str, tuple[str, str]] = {
     "cpu_bytes": ("cpu", "capacity"),
     "disk_path": ("disk", "path"),
@@ -108,6 +110,18 @@ class KVTierConfig:
     the measured copy bandwidth and the observed step time, no tuning), a size such as
     "64MiB", or 0 / "off" (every hit loads asynchronously)."""
 
+    layer_loads: LayerLoads = "auto"
+    """Whether loads within the step (sync loads) are copied layer by layer while the
+    forward runs: each layer's attention waits for that layer's KV alone, with the copy
+    one layer ahead of it. "on", "off", or "auto" (default), which is off: on vLLM's CPU
+    backend the copy thread competes with the forward's threads for the same cores, and
+    layer-wise CPU-tier hits measured 4-5% (1k tokens) and 11-16% (4k) slower than whole
+    loads (``benchmarks/vllm_ttft.py``, one compute thread); GPU engines load whole (a
+    host-side wait would not order the GPU's stream). Only CPU-tier hits into host-memory
+    KV of one KV-cache group can load layer by layer (the CPU tier's row copies split by
+    layer); disk hits always load between steps. Elsewhere "on" acts as "off". Outputs
+    are the same in every mode."""
+
     disk_path: str | None = None
     """Directory of the disk tier; None disables the disk tier."""
 
@@ -168,9 +182,9 @@ class KVTierConfig:
     """Testing only: the fault wrapper on the first tier's store, e.g. {"seed": 1,
     "read_fail_rate": 0.2} or {"fail_all_reads": true}, with the keys of a tier's
     ``faults`` (seed, read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes,
-    slow_rate, slow_seconds, rows); "disk": a mapping of the same keys for the tier named
-    "disk". Shorthand for ``faults`` on those tiers (not both). None (default) injects
-    nothing."""
+    slow_rate, slow_seconds, slow_region, rows); "disk": a mapping of the same keys for
+    the tier named "disk". Shorthand for ``faults`` on those tiers (not both). None
+    (default) injects nothing."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
@@ -315,6 +329,7 @@ _PARSERS: dict[str, Any] = {
     "disk_eviction": _flat("disk_eviction"),
     "admission_min_seen": integer(1),
     "sync_budget": lambda v, n: SyncBudget.parse(v, name=n),
+    "layer_loads": choice(LAYER_LOADS),
     "disk_path": _flat("disk_path"),
     "disk_bytes": _flat("disk_bytes"),
     "disk_write_policy": choice(WRITE_POLICIES),

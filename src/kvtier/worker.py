@@ -4,10 +4,12 @@ Per step, in the engine's order:
 
 1. ``begin_step(plan)`` when the step's plan arrives (before the forward pass);
 2. ``start_loads()``: flush jobs whose blocks are about to be reused, run sync loads to
-   completion on the expedited queue, queue async loads on the normal queue;
-3. the engine's forward pass;
-4. ``end_forward()``: queue the plan's stores (they read KV this forward wrote, and must
-   not delay it);
+   completion on the expedited queue (or, loading layer by layer, only each job's last
+   block), queue async loads on the normal queue;
+3. the engine's forward pass; loading layer by layer, ``wait_layer(name)`` before each
+   layer's attention;
+4. ``end_forward()``: finish the layer-wise loads, then queue the plan's stores (they
+   read KV this forward wrote, and must not delay it);
 5. ``transfer_results()``, ``load_errors()``, ``report()``. In a step where the
    engine computes nothing (``plan.idle``: the only work is waiting for async loads), this
    first waits until one of the async loads in flight finishes, up to
@@ -16,17 +18,31 @@ Per step, in the engine's order:
    remote load took 2.4 s behind 1,280 empty steps, 0.58 s without them) and learn of the
    load one step late.
 
+Loading layer by layer (``layers`` given; host-memory KV and CPU-tier row copies only,
+see :meth:`kvtier.transfer.engine.TransferEngine.submit_layered`): the engine writes this
+step's new KV into the cache before the attention of the same layer runs, and that
+attention is where the engine waits for the layer (vLLM's CPU backend updates the cache
+in an op of its own, ahead of the attention op the connector's wait wraps). The only
+loaded block that can receive this step's KV is a job's last one (a hit leaves at least
+its last token to compute; blocks wholly covered by the hit are written by nobody this
+step), so that block is loaded, in every layer, before the forward starts; the others
+follow one layer at a time, at most one layer ahead of the attention waiting for them.
+Other requests of the batch that read those blocks through the engine's prefix cache read
+them in the same attention op, after the same wait. Every layer-wise copy has finished
+before ``end_forward`` queues stores and before load errors or results are reported.
+
 Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvtier import timeline
 from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.transfer.engine import TransferEngine
+from kvtier.transfer.layered import LayeredLoad
 
 IDLE_WAIT_SECONDS = 0.25
 """The longest an idle step waits for an async load to finish. Bounds how late a request
@@ -37,8 +53,22 @@ idle step."""
 class WorkerSide:
     """Drives a TransferEngine from StepPlans; single-threaded (the engine's thread)."""
 
-    def __init__(self, engine: TransferEngine, *, calibrate: bool = True) -> None:
+    def __init__(
+        self,
+        engine: TransferEngine,
+        *,
+        calibrate: bool = True,
+        layers: Sequence[tuple[Sequence[str], Sequence[int]]] = (),
+    ) -> None:
+        """``layers``: to load sync loads layer by layer, the engine's KV tensors in
+        forward order, each as (the names of the layers using it, its region indices);
+        empty (default): sync loads finish before the forward."""
         self.engine = engine
+        self._layers = [list(regions) for _, regions in layers]
+        self._layer_of = {n: k for k, (names, _) in enumerate(layers) for n in names}
+        self._layered: LayeredLoad | None = None
+        self.layered_steps = 0
+        """Steps whose sync loads went layer by layer (inspection and tests)."""
         self._plan = StepPlan()
         self._inflight: dict[int, TransferJob] = {}
         self._async_loads: dict[str, set[int]] = {}
@@ -54,6 +84,7 @@ class WorkerSide:
     # -- step hooks ------------------------------------------------------------------------
 
     def begin_step(self, plan: StepPlan) -> None:
+        self._finish_layered()  # a step whose forward never ran (never in vLLM's order)
         self._plan = plan
         self._idle = plan.idle
         self._t_begin = time.perf_counter()
@@ -66,6 +97,7 @@ class WorkerSide:
         """Wait for jobs whose engine blocks are about to be reused (preempted requests)."""
         ids = list(job_ids)
         if ids:
+            self._finish_layered()
             self.engine.wait(ids)
 
     def flush_stores(self) -> None:
@@ -80,10 +112,17 @@ class WorkerSide:
         plan = self._plan
         self.flush(plan.flush)
         sync = [j for j in plan.loads if j.sync]
-        for job in sync:
-            self._submit(job)
-        if sync:
-            self.engine.wait([j.job_id for j in sync])
+        unit = self.engine.submit_layered(sync, self._layers) if self._layers and sync else None
+        if unit is not None:
+            self._layered = unit
+            self.layered_steps += 1
+            self._inflight.update((j.job_id, j) for j in sync)
+            unit.wait_tail()
+        else:
+            for job in sync:
+                self._submit(job)
+            if sync:
+                self.engine.wait([j.job_id for j in sync])
         for job in plan.loads:
             if not job.sync:
                 self._async_loads.setdefault(job.req_id, set()).add(job.job_id)
@@ -91,8 +130,35 @@ class WorkerSide:
         self._collect()
         self._load_seconds += time.perf_counter() - t0
 
+    def wait_layer(self, name: str) -> None:
+        """Before the attention of layer ``name``: wait until its KV is whole (layer-wise
+        loads; returns at once without them). A layer not known waits for every layer."""
+        unit = self._layered
+        if unit is None:
+            return
+        t0 = time.perf_counter()
+        k = self._layer_of.get(name)
+        if k is None:
+            self._finish_layered()
+        else:
+            unit.wait_layer(k)
+        self._load_seconds += time.perf_counter() - t0
+
+    def _finish_layered(self) -> None:
+        """Let the layer-wise loads run to their end and wait for them; record failures."""
+        unit, self._layered = self._layered, None
+        if unit is None:
+            return
+        unit.release()
+        self.engine.wait([j.job_id for j in unit.jobs])
+        self._collect()
+
     def end_forward(self) -> None:
-        """The forward pass is done: time it and queue this step's stores."""
+        """The forward pass is done: finish layer-wise loads, time it and queue this
+        step's stores."""
+        t0 = time.perf_counter()
+        self._finish_layered()
+        self._load_seconds += time.perf_counter() - t0
         self._forward_seconds = max(0.0, time.perf_counter() - self._t_begin - self._load_seconds)
         for job in self._plan.stores:
             self._submit(job)
@@ -121,6 +187,7 @@ class WorkerSide:
 
     def transfer_results(self) -> tuple[set[str], set[str]]:
         """``(finished sending, finished receiving)`` request ids, vLLM's get_finished."""
+        self._finish_layered()  # vLLM may defer end_forward (a draft model's forward)
         if self._idle:
             self._idle = False
             loading = [i for ids in self._async_loads.values() for i in ids]
@@ -143,6 +210,7 @@ class WorkerSide:
 
     def load_errors(self) -> set[int]:
         """Engine block ids whose load failed since the last call."""
+        self._finish_layered()
         out, self._load_errors = self._load_errors, set()
         return out
 
@@ -162,6 +230,8 @@ class WorkerSide:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for every job in flight (shutdown, reset)."""
+        if self._layered is not None:
+            self._layered.release()
         return self.engine.wait(self.engine.pending(), timeout=timeout)
 
     def close(self) -> None:

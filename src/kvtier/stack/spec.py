@@ -62,7 +62,7 @@ class TierSpec:
     """Testing only: wrap this tier's store in the fault wrapper
     (:mod:`kvtier.tiers.faulty`), e.g. {"seed": 1, "read_fail_rate": 0.2}. Keys: seed,
     read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes, slow_rate,
-    slow_seconds, rows. None (default): the store as the kind builds it."""
+    slow_seconds, slow_region, rows. None (default): the store as the kind builds it."""
     on_store: str = option("through", choice(ON_STORE))
     """Edge from the tier above: "through" copies every chunk the tier above stores into
     this tier; "skip" does not."""

@@ -190,11 +190,19 @@ class CpuSlab(SlotStore):
             gather_rows(slab.narrow(0, slab_row, n), eng, blocks)
 
     def load_rows(
-        self, engine_arrays: Sequence[np.ndarray], slab_row: int, blocks: np.ndarray
+        self,
+        engine_arrays: Sequence[np.ndarray],
+        slab_row: int,
+        blocks: np.ndarray,
+        only: Sequence[int] | None = None,
     ) -> None:
-        """Scatter slab rows ``slab_row ..`` of every region into engine rows ``blocks``."""
+        """Scatter slab rows ``slab_row ..`` of every region (or of the regions ``only``
+        lists: one engine layer's, for a load layer by layer) into engine rows ``blocks``."""
         n = blocks.size
-        for eng, slab in zip(engine_arrays, self._arrays, strict=True):
+        if len(engine_arrays) != len(self._arrays):
+            raise ValueError("load_rows: engine regions do not match the slab's")
+        for r in range(len(engine_arrays)) if only is None else only:
+            eng, slab = engine_arrays[r], self._arrays[r]
             scatter_rows(eng, blocks, slab[slab_row : slab_row + n])
 
 

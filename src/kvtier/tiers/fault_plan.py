@@ -43,6 +43,11 @@ class FaultPlan:
     """Probability that one operation (a batch read or write, a row copy) is slow."""
     slow_seconds: float = option(0.05, _fraction)
     """How long a slow operation sleeps before it runs (seconds, at most 1)."""
+    slow_region: int = option(-1, integer(-1))
+    """Row loads (``rows`` on) that copy this engine region (one layer's K or V; -1: none)
+    first fill its destination rows with garbage, sleep ``slow_seconds``, then copy: a
+    slow copy caught half done, for tests that a layer is never read before it is
+    loaded."""
     rows: bool = option(False, boolean)
     """Keep the inner store's batched row path (the CPU tier's); faults then fail whole row
     copies. False: every copy goes through per-chunk reads and writes."""
@@ -60,6 +65,7 @@ class FaultPlan:
             or self.fail_all_reads
             or self.fail_all_writes
             or self.slow_rate
+            or self.slow_region >= 0
             or self.fail_read_keys
             or self.fail_write_keys
         )

@@ -129,15 +129,27 @@ class FaultyStore(SlotStore):
         self.inner.store_rows(engine_regions, slab_row, blocks)  # type: ignore[attr-defined]
 
     def load_rows(
-        self, engine_arrays: Sequence[np.ndarray], slab_row: int, blocks: np.ndarray
+        self,
+        engine_arrays: Sequence[np.ndarray],
+        slab_row: int,
+        blocks: np.ndarray,
+        only: Sequence[int] | None = None,
     ) -> None:
         self._maybe_slow()
         p = self.plan
+        touched = range(len(engine_arrays)) if only is None else only
+        if p.slow_region in touched:
+            # A slow copy of one region (one layer's K or V), caught half done: its rows
+            # hold garbage until the copy ends. Whatever reads them early reads garbage.
+            engine_arrays[p.slow_region][blocks] = 0x5A
+            with self._lock:
+                self.slow_ops += 1
+            time.sleep(p.slow_seconds)
         fail = self._fails(b"", p.read_fail_rate, set(), p.fail_all_reads)
-        self.inner.load_rows(engine_arrays, slab_row, blocks)  # type: ignore[attr-defined]
+        self.inner.load_rows(engine_arrays, slab_row, blocks, only)  # type: ignore[attr-defined]
         if fail:
-            for arr in engine_arrays:
-                arr[blocks] = 0x5A
+            for r in touched:
+                engine_arrays[r][blocks] = 0x5A
             with self._lock:
                 self.failed_reads += 1
             raise InjectedFault(f"injected: row load from slab row {slab_row} failed")

@@ -216,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--modes",
         default="baseline,async,sync,auto",
-        help="comma list of baseline, async, sync, auto",
+        help="comma list of baseline, async, sync, auto, sync-layers (sync with layer_loads on)",
     )
     b.add_argument("--requests", type=int, default=12, help="about this many requests per workload")
     b.add_argument("--concurrency", type=int, default=2, help="requests running at once")

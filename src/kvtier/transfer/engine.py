@@ -38,7 +38,8 @@ from kvtier.tiers.base import SlotStore
 from kvtier.transfer.copy import copy_segments
 from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
-from kvtier.transfer.plans import make_plan, run_plan
+from kvtier.transfer.layered import LayeredLoad
+from kvtier.transfer.plans import make_plan, run_plan, split_last_block
 from kvtier.transfer.regions import KVRegions
 
 AnyRegions = KVRegions | GroupedRegions
@@ -62,7 +63,7 @@ class _Queue:
     def __init__(
         self,
         name: str,
-        run: Callable[[TransferJob, Any, Any], JobResult],
+        run: Callable[[TransferJob, Any, Any], JobResult | list[JobResult]],
         done: Callable[[JobResult], None],
         wait: Callable[[list[int]], object],
     ) -> None:
@@ -96,29 +97,32 @@ class _Queue:
                 job, prepared, ready = self._jobs[0]
             if job.after:
                 self._wait(job.after)  # jobs on other queues; never the other way round
+            jobs = prepared.jobs if isinstance(prepared, LayeredLoad) else [job]
             try:
                 result = self._run(job, prepared, (self.stream, ready))
+                results = result if isinstance(result, list) else [result]
             except Exception:  # a bug or device fault: the job fails, the engine lives
                 log.exception("kvtier: transfer job %d failed", job.job_id)
-                result = JobResult(
-                    job.job_id,
-                    job.req_id,
-                    job.kind,
-                    job.tier,
-                    job.sync,
-                    [False] * len(job.keys),
-                    0,
-                    0.0,
-                )
+                results = [_failed(j) for j in jobs]
+            finally:
+                if isinstance(prepared, LayeredLoad):
+                    prepared.finished()  # never leave the forward waiting
             with self._cond:
                 self._jobs.popleft()
-            self._done(result)
+            for r in results:
+                self._done(r)
 
     def close(self) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify()
         self._thread.join(timeout=60)
+
+
+def _failed(job: TransferJob) -> JobResult:
+    return JobResult(
+        job.job_id, job.req_id, job.kind, job.tier, job.sync, [False] * len(job.keys), 0, 0.0
+    )
 
 
 class TransferEngine:
@@ -177,6 +181,33 @@ class TransferEngine:
             self._pending.add(job.job_id)
         timeline.event("copy.submit", job=job.job_id, req=job.req_id, kind=job.kind, sync=job.sync)
         self._queue_of(job).submit(job, prepared)
+
+    def submit_layered(
+        self, jobs: list[TransferJob], layers: list[list[int]]
+    ) -> LayeredLoad | None:
+        """Queue sync loads to be copied layer by layer (:class:`LayeredLoad`; ``layers``:
+        each engine layer's region indices, in forward order), or None, queueing nothing,
+        where they cannot be: KV not in host memory, a job that waits for another
+        (``after``), or a job whose plan is not ``"rows"`` (only the CPU tier's row copies
+        split by region; a disk chunk's checksum covers every layer, so none of it is good
+        before all of it is read)."""
+        if not jobs or not layers or not getattr(self.regions, "arrays", None):
+            return None
+        plans = []
+        for job in jobs:
+            try:
+                prepared = self.plan(job)
+            except Exception:
+                return None  # submit() plans it again and logs why
+            if not (job.sync and job.kind == "load") or prepared[0] != "rows" or job.after:
+                return None  # (a unit waits for no other job: it starts at once)
+            plans.append(split_last_block(prepared))
+        unit = LayeredLoad(jobs, plans, layers)
+        with self._done_cond:
+            self._pending.update(j.job_id for j in jobs)
+        timeline.event("copy.submit_layered", jobs=[j.job_id for j in jobs], layers=len(layers))
+        self._expedited.submit(jobs[0], unit)
+        return unit
 
     def _queue_of(self, job: TransferJob) -> _Queue:
         if job.sync:
@@ -249,7 +280,9 @@ class TransferEngine:
         """How to copy a job (:func:`kvtier.transfer.plans.make_plan`)."""
         return make_plan(job, self.regions, self.stores, self.blocks_per_chunk)
 
-    def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult:
+    def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult | list[JobResult]:
+        if isinstance(prepared, LayeredLoad):
+            return prepared.run(self._run_checked, self.regions.block_bytes)
         stream, ready = ctx
         if prepared is _PLAN_ON_QUEUE:
             prepared = self.plan(job)
@@ -279,7 +312,9 @@ class TransferEngine:
             time.perf_counter() - t0,
         )
 
-    def _run_checked(self, job: TransferJob, prepared: tuple[str, Any]) -> list[bool]:
+    def _run_checked(
+        self, job: TransferJob, prepared: tuple[str, Any], only: list[int] | None = None
+    ) -> list[bool]:
         """Run the plan; a sync load that failed any chunk runs it again, whole, up to
         SYNC_LOAD_ATTEMPTS times in all.
 
@@ -300,7 +335,7 @@ class TransferEngine:
         for attempt in range(1, SYNC_LOAD_ATTEMPTS + 1):
             last = attempt == SYNC_LOAD_ATTEMPTS
             try:
-                ok = self.run_plan(job, prepared)
+                ok = self.run_plan(job, prepared, only)
             except Exception as e:  # the queue's own handler would fail the whole job
                 if last:
                     raise
@@ -311,9 +346,12 @@ class TransferEngine:
             timeline.event("copy.retry", job=job.job_id, req=job.req_id, failed=ok.count(False))
         return ok
 
-    def run_plan(self, job: TransferJob, prepared: tuple[str, Any]) -> list[bool]:
-        """Execute a plan from :meth:`plan` on the calling thread (the queues' data path)."""
-        return run_plan(job, prepared, self.regions, self.stores)
+    def run_plan(
+        self, job: TransferJob, prepared: tuple[str, Any], only: list[int] | None = None
+    ) -> list[bool]:
+        """Execute a plan from :meth:`plan` on the calling thread (the queues' data path);
+        ``only``: these regions alone (see :func:`~kvtier.transfer.plans.run_plan`)."""
+        return run_plan(job, prepared, self.regions, self.stores, only)
 
     # -- calibration -------------------------------------------------------------------------
 

@@ -98,15 +98,33 @@ def _row_runs(job: TransferJob, bpc: int) -> list[tuple[int, Any]]:
     return runs
 
 
+def split_last_block(prepared: Plan) -> tuple[Plan, Plan]:
+    """A load's ``"rows"`` plan as (the job's last engine block, every other block): a
+    load layer by layer copies the first part before the forward (the engine may write
+    this step's KV into that block before the layer's attention, see
+    :mod:`kvtier.worker`), the rest one layer at a time. ValueError for other plans."""
+    how, runs = prepared
+    if how != "rows" or not runs:
+        raise ValueError(f"cannot split a {how!r} plan by block")
+    slab_row, blocks = runs[-1]
+    last = [(slab_row + blocks.size - 1, blocks[-1:])]
+    rest = [*runs[:-1], (slab_row, blocks[:-1])] if blocks.size > 1 else runs[:-1]
+    return ("rows", last), ("rows", rest)
+
+
 def run_plan(
     job: TransferJob,
     prepared: Plan,
     regions: KVRegions | GroupedRegions,
     stores: Mapping[str, SlotStore],
+    only: list[int] | None = None,
 ) -> list[bool]:
-    """Execute a plan from :func:`make_plan` on the calling thread."""
+    """Execute a plan from :func:`make_plan` on the calling thread. ``only``: copy these
+    regions alone (one engine layer's; ``"rows"`` plans only, ValueError for others)."""
     store: Any = stores[job.tier]
     how, plan = prepared
+    if only is not None and how != "rows":
+        raise ValueError(f"a {how!r} plan cannot copy a subset of regions")
     parents = job.parents or None
     if how == "copy":
         return list(stores[job.dst_tier].write(job.dst_slots, job.keys, plan, parents))
@@ -117,7 +135,10 @@ def run_plan(
     if how == "rows":
         for slab_row, blocks in plan:
             if job.kind == "load":
-                store.load_rows(regions.arrays, slab_row, blocks)
+                if only is None:
+                    store.load_rows(regions.arrays, slab_row, blocks)
+                else:
+                    store.load_rows(regions.arrays, slab_row, blocks, only)
             else:
                 store.store_rows(regions.rows, slab_row, blocks)
         return [True] * len(job.keys)

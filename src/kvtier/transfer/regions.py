@@ -33,8 +33,18 @@ class KVRegions:
     stay owned by the engine and must outlive this object.
     """
 
-    def __init__(self, regions: Sequence[torch.Tensor], row_bytes: Sequence[int], num_blocks: int):
+    def __init__(
+        self,
+        regions: Sequence[torch.Tensor],
+        row_bytes: Sequence[int],
+        num_blocks: int,
+        layer_regions: Mapping[str, Sequence[int]] | None = None,
+    ):
         self.regions = list(regions)
+        self.layer_regions = {k: list(v) for k, v in (layer_regions or {}).items()}
+        """The region indices of each named tensor (an engine layer), in the order given;
+        an alias of another tensor's storage maps to that tensor's regions. Empty when
+        the tensors came without names."""
         self.row_bytes = list(row_bytes)
         self.num_blocks = num_blocks
         self.block_bytes = sum(self.row_bytes)
@@ -73,12 +83,18 @@ class KVRegions:
                 raise ConfigError(f"KV layout: no block dimension declared for {missing[0]!r}")
         regions: list[torch.Tensor] = []
         rows: list[int] = []
-        seen: set[tuple[int, tuple[int, ...]]] = set()
+        seen: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        layer_regions: dict[str, list[int]] = {}
         for name, t in zip(names, tensors, strict=True):
             ident = (t.data_ptr(), tuple(t.shape))
             if ident in seen:
+                if name is not None:
+                    layer_regions[name] = seen[ident]
                 continue
-            seen.add(ident)
+            mine: list[int] = []
+            seen[ident] = mine
+            if name is not None:
+                layer_regions[name] = mine
             declared = block_dim.get(name or "") if isinstance(block_dim, Mapping) else block_dim
             dim = _block_dim(t, num_blocks, declared)
             outer = t.shape[:dim]
@@ -90,11 +106,12 @@ class KVRegions:
                         f"is not dense after its block dimension {dim}; unsupported layout"
                     )
                 flat = sub.reshape(-1).view(torch.uint8)
+                mine.append(len(regions))
                 regions.append(flat)
                 rows.append(flat.numel() // num_blocks)
         if not regions:
             raise ConfigError("KV layout: no KV tensors given")
-        return cls(regions, rows, num_blocks)
+        return cls(regions, rows, num_blocks, layer_regions)
 
     def chunk_bytes(self, blocks_per_chunk: int) -> int:
         """Payload bytes of a chunk of ``blocks_per_chunk`` blocks."""

@@ -11,11 +11,15 @@ Step timeline on a worker:
 - ``bind_connector_metadata``: the step's plan arrives;
 - ``start_load_kv``: sync loads run to completion on the expedited queue (vLLM calls this
   before the forward pass whenever the step has sync loads); async loads are queued on the
-  normal queue. Sync loads are not overlapped layer by layer with compute: vLLM may write
-  the step's new KV into a loaded block before the attention that reads it, so a load still
-  running then could overwrite it; ``wait_for_layer_load`` is therefore a no-op;
-- the forward pass;
-- ``wait_for_save``: this step's stores are queued (they read KV this forward wrote);
+  normal queue. With layer-wise loads (``layer_loads``), only each sync load's last block
+  is copied here: vLLM's CPU backend writes the step's new KV into the cache in an op of
+  its own, before the attention op that ``wait_for_layer_load`` wraps, and that block is
+  the only loaded one it can write (see :mod:`kvtier.worker`); the other blocks are
+  copied one layer at a time during the forward;
+- the forward pass: ``wait_for_layer_load(layer)`` before each layer's attention waits
+  until that layer's KV is whole (a no-op without layer-wise loads);
+- ``wait_for_save``: layer-wise loads finish; this step's stores are queued (they read KV
+  this forward wrote);
 - ``get_finished``: async loads done (``finished_recving``), finished requests whose blocks
   kvtier held until their stores ran (``finished_sending``);
 - ``get_block_ids_with_load_errors``: engine blocks whose load failed; vLLM recomputes them
@@ -181,6 +185,36 @@ def _regions(
         for g in kvc.kv_cache_groups
     ]
     return GroupedRegions(per_group, s.codec)
+
+
+def _layer_loads(mode: str, regions: KVRegions | GroupedRegions) -> bool:
+    """Whether sync loads go layer by layer (config ``layer_loads``). Only where the
+    worker can: one KV-cache group whose KV is in host memory (a host-side wait would not
+    order a GPU stream), with named layers."""
+    able = isinstance(regions, KVRegions) and bool(regions.arrays and regions.layer_regions)
+    if mode == "on" and not able:
+        log.warning("kvtier: layer_loads='on' needs one KV group in host memory; off here")
+    return able and mode == "on"  # "auto": off (docs/configuration.md: measurements)
+
+
+def _layer_order(regions: KVRegions | GroupedRegions) -> list[tuple[list[str], list[int]]]:
+    """Each KV tensor's layer names and region indices, in the forward's layer order
+    (by the layer index in the name; tensors shared by several layers once)."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    assert isinstance(regions, KVRegions)
+
+    def index(name: str) -> int:
+        try:
+            return int(extract_layer_index(name))
+        except (AssertionError, ValueError):
+            return 1 << 30  # unknown: last (its wait then waits for every layer before it)
+
+    names = sorted(regions.layer_regions, key=index)  # stable: the engine's order on ties
+    out: dict[tuple[int, ...], list[str]] = {}
+    for name in names:
+        out.setdefault(tuple(regions.layer_regions[name]), []).append(name)
+    return [(n, list(r)) for r, n in out.items()]
 
 
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
@@ -411,13 +445,15 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         stores = build_stores(s.config, ctx)  # fault wrappers included, if configured
         timeline.event("worker.register", phase="stores")
         engine = TransferEngine(regions, stores, s.blocks_per_chunk)
-        self.worker = WorkerSide(engine)
+        layers = _layer_order(regions) if _layer_loads(s.config.layer_loads, regions) else []
+        self.worker = WorkerSide(engine, layers=layers)
         timeline.event("worker.register", phase="ready", load_bandwidth=engine.load_bandwidth)
         log.info(
-            "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s",
+            "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s, sync loads %s",
             len(regions.regions),
             slot_bytes,
             (engine.load_bandwidth or 0) / 1e9,
+            f"layer by layer ({len(layers)} layers)" if layers else "before the forward",
         )
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
@@ -440,7 +476,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker.start_loads()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # sync loads finished in start_load_kv (see the module docstring)
+        if self.worker is not None:
+            self.worker.wait_layer(layer_name)  # at once unless loading layer by layer
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any

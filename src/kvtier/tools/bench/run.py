@@ -5,7 +5,9 @@ Modes, each a separate engine process on the same requests:
 - ``baseline``: vLLM with its own prefix cache only;
 - ``async``: kvtier with ``sync_budget=0`` (every hit loads between steps);
 - ``sync``: kvtier with a fixed per-step budget (``--budget``);
-- ``auto``: kvtier's default (budget derived from measured bandwidth and step time).
+- ``auto``: kvtier's default (budget derived from measured bandwidth and step time);
+- ``sync-layers`` (only when asked for, ``--modes``): ``sync`` with ``layer_loads="on"``
+  (sync loads copied layer by layer while the forward runs).
 
 Within a mode the workloads run one after another on one engine; between workloads the
 engine's prefix cache and kvtier's tiers are reset, so workloads do not help each other.
@@ -40,6 +42,8 @@ from kvtier.tools.bench.workloads import WORKLOADS, Workload, WorkloadOptions, b
 from kvtier.units import parse_size
 
 MODES = ("baseline", "async", "sync", "auto")
+"""The modes run by default."""
+ACCEPTED_MODES = (*MODES, "sync-layers")
 ACCEPTED_WORKLOADS = (*WORKLOADS, two_engines.NAME)
 
 
@@ -91,8 +95,8 @@ def validate(opts: BenchOptions) -> str:
                 f"--workload: unknown {w!r}; accepted: {', '.join(ACCEPTED_WORKLOADS)}"
             )
     for m in opts.modes:
-        if m not in MODES:
-            raise ConfigError(f"--modes: unknown {m!r}; accepted: {', '.join(MODES)}")
+        if m not in ACCEPTED_MODES:
+            raise ConfigError(f"--modes: unknown {m!r}; accepted: {', '.join(ACCEPTED_MODES)}")
     parse_size(opts.cpu_bytes, name="--cpu-bytes")
     parse_size(opts.budget, name="--budget")
     if opts.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -136,8 +140,11 @@ def validate(opts: BenchOptions) -> str:
 def connector_config(mode: str, opts: BenchOptions) -> dict[str, Any] | None:
     if mode == "baseline":
         return None
-    budget = {"async": 0, "sync": opts.budget, "auto": "auto"}[mode]
-    return {"cpu_bytes": opts.cpu_bytes, "sync_budget": budget}
+    budget = {"async": 0, "sync": opts.budget, "sync-layers": opts.budget, "auto": "auto"}[mode]
+    out: dict[str, Any] = {"cpu_bytes": opts.cpu_bytes, "sync_budget": budget}
+    if mode == "sync-layers":
+        out["layer_loads"] = "on"
+    return out
 
 
 def run_bench(opts: BenchOptions) -> dict[str, Any]:

@@ -271,6 +271,8 @@ def inspect(llm: Any, keys: bool = False) -> dict[str, Any]:
         "step_seconds": m.budget.step_seconds,
         "worker_inflight": len(worker._inflight),
         "failed_reads": getattr(next(iter(worker.engine.stores.values())), "failed_reads", 0),
+        "slow_ops": getattr(next(iter(worker.engine.stores.values())), "slow_ops", 0),
+        "layered_steps": worker.layered_steps,
     }
 
 

@@ -1,0 +1,163 @@
+"""Layer-wise sync loads (:mod:`kvtier.transfer.layered`) on host-memory KV, no engine:
+the last block before the forward, one layer of lookahead, retries and failures, and the
+cases that fall back to loading whole before the forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.jobs import StepPlan, TransferJob
+from kvtier.tiers.cpu import CpuSlab
+from kvtier.tiers.faulty import FaultPlan, FaultyStore
+from kvtier.transfer import KVRegions, TransferEngine
+from kvtier.transfer.plans import split_last_block
+from kvtier.worker import WorkerSide
+
+BLOCKS, BPC, LAYERS = 32, 2, 4
+SRC = [1, 2, 3, 4, 5, 6]  # three chunks
+DST = [20, 21, 22, 23, 24, 25]
+
+
+def split_kv(layers: int = LAYERS) -> dict[str, torch.Tensor]:
+    """Per layer a [2, blocks, block_size, heads * head_dim] tensor: K and V regions."""
+    return {f"model.layers.{i}.attn": torch.randn(2, BLOCKS, 4, 8) for i in range(layers)}
+
+
+def layer_of(regions: KVRegions) -> list[tuple[list[str], list[int]]]:
+    return [([n], r) for n, r in regions.layer_regions.items()]
+
+
+def rows_equal(kv: torch.Tensor, a: int, b: int) -> bool:
+    return bool(torch.equal(kv[:, a], kv[:, b]))
+
+
+def setup(store_wrap=None):
+    kv = split_kv()
+    regions = KVRegions.from_tensors(kv, BLOCKS, block_dim=1)
+    store = CpuSlab(8, regions.row_bytes, BPC)
+    wrapped = store_wrap(store) if store_wrap else store
+    eng = TransferEngine(regions, {"cpu": wrapped}, BPC)
+    keys = [b"a", b"b", b"c"]
+    eng.submit(TransferJob(1, "r", "store", "cpu", False, keys, [0, 1, 2], SRC))
+    assert eng.wait([1], timeout=10) and eng.poll()[0].all_ok
+    for t in kv.values():
+        t[:, DST] = 0
+    load = TransferJob(2, "r", "load", "cpu", True, keys, [0, 1, 2], DST)
+    return kv, regions, eng, load, wrapped
+
+
+def test_layer_regions_name_each_tensor_and_its_aliases():
+    kv = split_kv(2)
+    kv["model.layers.2.attn"] = kv["model.layers.0.attn"]  # shares layer 0's cache
+    regions = KVRegions.from_tensors(kv, BLOCKS, block_dim=1)
+    assert len(regions.regions) == 4
+    assert regions.layer_regions == {
+        "model.layers.0.attn": [0, 1],
+        "model.layers.1.attn": [2, 3],
+        "model.layers.2.attn": [0, 1],
+    }
+
+
+def test_split_last_block_keeps_every_block_once():
+    runs = [(4, np.array([7, 8])), (10, np.array([3, 9, 11]))]
+    (how, last), (_, rest) = split_last_block(("rows", runs))
+    assert how == "rows" and len(last) == 1
+    assert last[0][0] == 12 and last[0][1].tolist() == [11]
+    assert [(r, b.tolist()) for r, b in rest] == [(4, [7, 8]), (10, [3, 9])]
+    (_, last), (_, rest) = split_last_block(("rows", [(0, np.array([5]))]))
+    assert last[0][1].tolist() == [5] and rest == []
+    with pytest.raises(ValueError):
+        split_last_block(("buffers", None))
+
+
+def test_layers_are_copied_one_ahead_of_the_wait():
+    kv, regions, eng, load, _ = setup()
+    names = list(kv)
+    try:
+        w = WorkerSide(eng, calibrate=False, layers=layer_of(regions))
+        w.begin_step(StepPlan(loads=[load]))
+        w.start_loads()
+        assert w.layered_steps == 1
+        # Before the forward: the last block, in every layer; no other block beyond layer 0.
+        for t in kv.values():
+            assert rows_equal(t, DST[-1], SRC[-1])
+        for name in names[1:]:
+            assert not any(rows_equal(kv[name], d, s) for d, s in zip(DST, SRC[:-1], strict=False))
+        for k, name in enumerate(names):
+            w.wait_layer(name)
+            assert all(rows_equal(kv[name], d, s) for d, s in zip(DST, SRC, strict=True))
+            for later in names[k + 2 :]:  # one layer of lookahead, no more
+                assert not rows_equal(kv[later], DST[0], SRC[0])
+        w.end_forward()
+        (result,) = [r for r in w.report().results if r.job_id == 2]
+        assert result.all_ok and result.nbytes == len(DST) * regions.block_bytes
+        assert not w.load_errors()
+    finally:
+        eng.close()
+
+
+def test_a_forward_that_waits_for_no_layer_still_ends_with_whole_loads():
+    kv, regions, eng, load, _ = setup()
+    try:
+        w = WorkerSide(eng, calibrate=False, layers=layer_of(regions))
+        w.begin_step(StepPlan(loads=[load]))
+        w.start_loads()
+        w.wait_layer("not.a.layer")  # unknown: waits for every layer
+        for t in kv.values():
+            assert all(rows_equal(t, d, s) for d, s in zip(DST, SRC, strict=True))
+        w.end_forward()
+        assert all(r.all_ok for r in w.report().results)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("fails", [1, 10])
+def test_a_failed_layer_is_copied_again_or_fails_the_whole_job(fails):
+    class FailsFirst(FaultyStore):
+        def __init__(self, inner):
+            super().__init__(inner, FaultPlan(fail_all_reads=True, rows=True))
+            self.left = 0
+
+        def _fails(self, key, rate, keys, all_):
+            if self.left > 0 and all_:
+                self.left -= 1
+                return True
+            return False
+
+    kv, regions, eng, load, store = setup(FailsFirst)
+    try:
+        store.left = fails
+        w = WorkerSide(eng, calibrate=False, layers=layer_of(regions))
+        w.begin_step(StepPlan(loads=[load]))
+        w.start_loads()
+        for name in kv:
+            w.wait_layer(name)
+        w.end_forward()
+        errors = w.load_errors()
+        (result,) = [r for r in w.report().results if r.job_id == 2]
+        if fails == 1:  # retried within the step: whole and good
+            assert result.all_ok and not errors
+            for t in kv.values():
+                assert all(rows_equal(t, d, s) for d, s in zip(DST, SRC, strict=True))
+        else:
+            assert not any(result.ok) and errors == set(DST)
+    finally:
+        eng.close()
+
+
+def test_plans_that_cannot_split_by_layer_load_before_the_forward():
+    # The fault wrapper without ``rows`` hides the row path: per-chunk reads, which a
+    # layer-wise load cannot split.
+    kv, regions, eng, load, _ = setup(lambda s: FaultyStore(s, FaultPlan(seed=1)))
+    try:
+        w = WorkerSide(eng, calibrate=False, layers=layer_of(regions))
+        w.begin_step(StepPlan(loads=[load]))
+        w.start_loads()
+        assert w.layered_steps == 0
+        for t in kv.values():
+            assert all(rows_equal(t, d, s) for d, s in zip(DST, SRC, strict=True))
+        w.end_forward()
+    finally:
+        eng.close()
