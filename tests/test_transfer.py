@@ -184,3 +184,40 @@ def test_a_sync_load_that_fails_once_is_copied_again_within_the_step(rows):
                     assert torch.equal(block_bytes(kv, b), before[i])
     finally:
         eng.close()
+
+
+def test_cpu_tier_stores_run_on_the_submitting_thread_when_their_lane_is_idle():
+    """A row store (CPU tier, host KV) is done when submit returns, on this thread; with
+    inline stores off, or waiting for another job, it goes to its lane's thread."""
+    import threading
+
+    kv = cpu_layout()
+    regions = KVRegions.from_tensors(kv, num_blocks=20)
+    slab = CpuSlab(8, regions.row_bytes, 1)
+    eng = TransferEngine(regions, {"cpu": slab}, 1)
+    threads: list[str] = []
+    store_rows = slab.store_rows
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return store_rows(*args, **kwargs)
+
+    slab.store_rows = spy  # type: ignore[method-assign]
+    try:
+        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"k1"], [0], [3]))
+        assert [r.job_id for r in eng.poll()] == [1]  # done before submit returned
+        eng.inline_stores = False
+        eng.submit(TransferJob(2, "r", "store", "cpu", False, [b"k2"], [1], [4]))
+        eng.inline_stores = True
+        eng.submit(TransferJob(3, "r", "store", "cpu", False, [b"k3"], [2], [5], after=[2]))
+        assert eng.wait([2, 3], timeout=10)
+        assert threads == [threading.current_thread().name, "kvtier-normal", "kvtier-normal"]
+        load = TransferJob(
+            4, "r", "load", "cpu", True, [b"k1", b"k2", b"k3"], [0, 1, 2], [9, 10, 11]
+        )
+        eng.submit(load)
+        assert eng.wait([4], timeout=10)
+        for src, dst in ((3, 9), (4, 10), (5, 11)):
+            assert torch.equal(block_bytes(kv, dst), block_bytes(kv, src))
+    finally:
+        eng.close()

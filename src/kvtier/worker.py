@@ -9,7 +9,8 @@ Per step, in the engine's order:
 3. the engine's forward pass; loading layer by layer, ``wait_layer(name)`` before each
    layer's attention;
 4. ``end_forward()``: finish the layer-wise loads, then queue the plan's stores (they
-   read KV this forward wrote, and must not delay it);
+   read KV this forward wrote, and must not delay it; a CPU-tier row copy from host KV
+   runs right here when its lane is idle: see ``TransferEngine.inline_stores``);
 5. ``transfer_results()``, ``load_errors()``, ``report()``. In a step where the
    engine computes nothing (``plan.idle``: the only work is waiting for async loads), this
    first waits until one of the async loads in flight finishes, up to

@@ -6,8 +6,9 @@
   queue async loads from any other local store (disk, in-process shared): a request waiting
   for its KV never queues behind stores, a write-through or a slow read (a busy engine
   queues stores every step, and a waiting request costs TTFT, a late store only a later hit).
-- The *normal* queue runs stores into the first store, the *io* queue stores and copies
-  touching any other local store, each in submission order.
+- The *normal* queue runs stores into the first store (a CPU-tier row copy from host KV
+  runs on the submitting thread instead when the queue is idle: ``inline_stores``), the
+  *io* queue stores and copies touching any other local store, each in submission order.
 - The *net-load* and *net* queues (only when a store says ``network = True``: remote tiers)
   run the loads, and the stores and copies, touching a network store, so a slow or dead
   server never holds up disk I/O, nor disk I/O the network.
@@ -24,6 +25,7 @@ step's KV writes), then waits for its own event, off the engine's thread.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -112,6 +114,12 @@ class _Queue:
             for r in results:
                 self._done(r)
 
+    def idle(self) -> bool:
+        """Whether no job is queued or running here (a running job stays queued until it
+        is done)."""
+        with self._cond:
+            return not self._jobs
+
     def close(self) -> None:
         with self._cond:
             self._stop = True
@@ -157,6 +165,15 @@ class TransferEngine:
             self._net_loads = _Queue("net-load", self._execute, self._on_done, self.wait)
         self.primary = next(iter(self.stores), "")
         self.load_bandwidth: float | None = None
+        self.inline_stores = os.environ.get("KVTIER_INLINE_STORES", "1") != "0"
+        """Stores into the first tier that are CPU-tier row copies from host-memory KV run
+        on the submitting thread (the engine's, after its forward) when their lane is
+        idle, instead of on the lane's thread. Such a copy of a step's new KV takes a small
+        fraction of the forward that computed it (streaming row copies, ~15 GB/s here),
+        while a copy thread waking up during the next forward takes a core from one of
+        the engine's OpenMP threads, and the whole team waits for that thread at its next
+        barrier: at 0% reuse on 2 cores that cost 10% of throughput, inline ~0-2%.
+        ``KVTIER_INLINE_STORES=0`` queues them (for comparisons)."""
 
     # -- submission and completion ---------------------------------------------------------
 
@@ -180,7 +197,35 @@ class TransferEngine:
         with self._done_cond:
             self._pending.add(job.job_id)
         timeline.event("copy.submit", job=job.job_id, req=job.req_id, kind=job.kind, sync=job.sync)
-        self._queue_of(job).submit(job, prepared)
+        queue = self._queue_of(job)
+        if self._runs_inline(job, prepared, queue):
+            self._run_inline(job, prepared)
+            return
+        queue.submit(job, prepared)
+
+    def _runs_inline(self, job: TransferJob, prepared: Any, queue: _Queue) -> bool:
+        """Whether a store runs on the caller's thread (see ``inline_stores``): a CPU-tier
+        row copy from host-memory KV, waiting for no other job, with its lane idle (so it
+        overtakes nothing queued there)."""
+        return (
+            self.inline_stores
+            and job.kind == "store"
+            and not job.after
+            and isinstance(prepared, tuple)
+            and prepared[0] == "rows"
+            and queue is self._normal
+            and queue.idle()
+        )
+
+    def _run_inline(self, job: TransferJob, prepared: Any) -> None:
+        try:
+            got = self._execute(job, prepared, (None, None))
+            results = got if isinstance(got, list) else [got]
+        except Exception:  # as on a queue: the job fails, the engine lives
+            log.exception("kvtier: transfer job %d failed", job.job_id)
+            results = [_failed(job)]
+        for r in results:
+            self._on_done(r)
 
     def submit_layered(
         self, jobs: list[TransferJob], layers: list[list[int]]

@@ -19,7 +19,8 @@ Step timeline on a worker:
 - the forward pass: ``wait_for_layer_load(layer)`` before each layer's attention waits
   until that layer's KV is whole (a no-op without layer-wise loads);
 - ``wait_for_save``: layer-wise loads finish; this step's stores are queued (they read KV
-  this forward wrote);
+  this forward wrote), or, CPU-tier row copies from host KV, run here (between forwards:
+  ``TransferEngine.inline_stores``);
 - ``get_finished``: async loads done (``finished_recving``), finished requests whose blocks
   kvtier held until their stores ran (``finished_sending``);
 - ``get_block_ids_with_load_errors``: engine blocks whose load failed; vLLM recomputes them
