@@ -17,8 +17,10 @@ beside them). Within a run, per chunk size S in 4 KiB, 16 KiB, 64 KiB, 256 KiB, 
 - ``engine``: a ``TransferEngine`` job of kind "store" / "load", timed end to end
   (``submit`` + ``wait``): the copy plan built on the caller's thread (``engine.plan``:
   runs of consecutive slab slots), the hand-off to the queue thread, the copies (per region
-  and run: one ``index_select(out=)`` gather for a store, one NumPy fancy-index scatter for a
-  load), the completion. Stores go to the normal queue, loads to the expedited (sync) one.
+  and run: one row gather for a store, one row scatter for a load, streaming from 256 KiB
+  a call), the completion. Stores run on the calling thread
+  (``TransferEngine.inline_stores``: a row store whose lane is idle, as every store here),
+  loads on the expedited (sync) queue.
 - ``direct``: the data path alone, ``engine.run_plan`` with the plan built beforehand (what
   the queue thread executes), so the plan and thread hand-off costs show.
 - ``plan``: building that plan (the part of ``submit`` run on the caller's thread).

@@ -34,6 +34,14 @@ same prompts once after a short warm-up and after kvtier's CPU tier faulted its 
 here, done by a background thread at nice 10, which otherwise lands on the first requests
 of a fresh engine; ``benchmarks/startup.py`` measures start-up). Each pair gives one ratio;
 the summary's ``miss_path_throughput_ratio`` is the worst pair (median and best beside it).
+Fresh engines of one configuration differ by several percent between processes (the
+summary's ``miss_path_off_slowest_over_fastest``), so the miss path is also measured
+within one engine with the connector: the same prompts ``2 x --miss-repeats`` times, its
+stores on and off in turn (the runner's ``stores`` op), tiers and prefix cache emptied
+before each run (``miss_path_stores_on_over_off_one_engine``, worst pair; median and best
+beside it). That isolates what storing costs; the connector's hooks run in both halves
+(with stores off it looks up and keys every request; that alone measured the same as no
+connector: 899 / 874 against 883 / 897 tok/s).
 
 Each engine configuration runs in its own process (``kvtier.vllm.harness.runner``); the engines
 run one after another on the same machine, so ratios are taken within this run.
@@ -123,10 +131,27 @@ def ttfts(result: dict[str, Any], name: str) -> list[float]:
     return [r["ttft"] for op in result["ops"] if op["name"] == name for r in op["requests"]]
 
 
-def throughput(result: dict[str, Any]) -> float:
-    """Prompt + output tokens per second of the result's miss op."""
-    (op,) = [op for op in result["ops"] if op["name"] == "miss"]
-    return sum(r["prompt_len"] + len(r["output"]) for r in op["requests"]) / op["seconds"]
+def throughput(result: dict[str, Any], name: str = "miss") -> list[float]:
+    """Prompt + output tokens per second of each of the result's ops called ``name``."""
+    return [
+        sum(r["prompt_len"] + len(r["output"]) for r in op["requests"]) / op["seconds"]
+        for op in result["ops"]
+        if op["name"] == name
+    ]
+
+
+def stores_program(repeats: int, prompts: list[list[int]], warm: list[int]) -> list[dict[str, Any]]:
+    """One engine with the connector serving the miss prompts ``2 * repeats`` times, its
+    stores on and off in turn (the order swapped every other pair), both tiers and the
+    engine's cache emptied before each: what the stores cost, without the spread between
+    engine processes."""
+    ops = [serve("warmup", [warm], prefix="stores-warmup"), {"op": "settle"}]
+    for r in range(repeats):
+        for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            ops.append({"op": "stores", "on": side == "on"})
+            ops.append({"op": "reset_prefix_cache", "connector": True})
+            ops.append(serve(f"miss-{side}", prompts, MISS_OUT, MISS_CONC, prefix=f"s{r}{side}"))
+    return ops
 
 
 def miss_pairs(
@@ -144,7 +169,7 @@ def miss_pairs(
                 {**spec, "connector": connector, "program": miss_program(prompts, warm)}
             )
             pair[side] = {
-                "tok_s": throughput(res),
+                "tok_s": throughput(res)[0],
                 "settle": res.get("settle"),
                 "binding": res.get("binding"),
             }
@@ -219,6 +244,20 @@ def main() -> None:
     print(f"miss path: {args.miss_repeats} engine pairs ...", flush=True)
     pairs = miss_pairs(args.miss_repeats, miss, miss_warm, {"engine": engine, "threads": threads})
     print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    print(f"miss path, stores on / off in one engine: {args.miss_repeats} pairs ...", flush=True)
+    in_one = run_engine(
+        {
+            "connector": MISS_CONNECTOR,
+            "engine": engine,
+            "program": stores_program(args.miss_repeats, miss, miss_warm),
+            "threads": threads,
+        }
+    )
+    stores_on, stores_off = throughput(in_one, "miss-on"), throughput(in_one, "miss-off")
+    store_ratios = sorted(a / b for a, b in zip(stores_on, stores_off, strict=True))
+    print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+    results["stores_on_off"] = in_one
     binding = {k: r.get("binding") for k, r in results.items()}
     for i, pair in enumerate(pairs):
         for side in ("off", "on"):
@@ -300,6 +339,11 @@ def main() -> None:
         f"{statistics.median(miss_ratios):.3f}, best {miss_ratios[-1]:.3f} "
         f"(target >= 0.99 in the worst pair)"
     )
+    print(
+        f"  stores on / off within one engine with the connector ({len(store_ratios)} pairs, "
+        f"same prompts, tiers emptied before each run): worst {store_ratios[0]:.3f}, median "
+        f"{statistics.median(store_ratios):.3f}, best {store_ratios[-1]:.3f}"
+    )
     offs = [p["off"]["tok_s"] for p in pairs]
     print(
         f"  the same engine without the connector, slowest / fastest of its {len(offs)} runs: "
@@ -324,6 +368,9 @@ def main() -> None:
         "miss_path_throughput_ratio_median": statistics.median(miss_ratios),
         "miss_path_throughput_ratio_best": miss_ratios[-1],
         "miss_path_off_slowest_over_fastest": min(offs) / max(offs),
+        "miss_path_stores_on_over_off_one_engine": store_ratios[0],
+        "miss_path_stores_on_over_off_one_engine_median": statistics.median(store_ratios),
+        "miss_path_stores_on_over_off_one_engine_best": store_ratios[-1],
         "ttft_disk_hit_over_sync_hit_4k": ratio(4096, "kvtier_disk", "kvtier_sync")
         if disk_ratios
         else None,
@@ -383,6 +430,7 @@ def main() -> None:
             },
             "cases": {str(k): v for k, v in cases.items()},
             "throughput_tok_s": {"connector_on": tput_on, "connector_off": tput_off},
+            "miss_stores_one_engine_tok_s": {"on": stores_on, "off": stores_off},
             "miss_pairs": [
                 {k: v for k, v in p.items() if k in ("ratio", "on", "off")} for p in pairs
             ],

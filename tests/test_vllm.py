@@ -258,14 +258,30 @@ def test_failed_stores_are_future_misses(tmp_path, baseline):
 
 
 @pytest.mark.xdist_group("vllm-stacks")
-def test_settle_waits_for_the_cpu_tier_memory(tmp_path):
+def test_settle_and_stores_ops(tmp_path):
     # Benchmarks measure the steady state after the runner's settle op: it must find the
     # worker's CPU tier and wait for its background warm-up, not return at once.
-    r = run(tmp_path, {"cpu_bytes": "256MiB"}, program=[{"op": "settle"}])
+    # The stores op: with kvtier's stores off the engine serves as before and stores
+    # nothing (no host hits after the engine's cache is reset), and on again it does.
+    reset = {"op": "reset_prefix_cache"}
+    program = [
+        {"op": "settle"},
+        {"op": "stores", "on": False},
+        phase("p1", 2),
+        reset,
+        phase("p2", 2),
+        {"op": "stores", "on": True},
+        phase("p3", 2),
+        reset,
+        phase("p4", 2),
+    ]
+    r = run(tmp_path, {"cpu_bytes": "256MiB", "sync_budget": "1GiB"}, program=program)
     (settled,) = r["settle"]
     (warm,) = settled["warm_seconds"]
     assert warm is not None and warm > 0
     assert 0 <= settled["waited_seconds"] < 120
+    assert all(not s for s in sources(r, 1))  # p2: nothing was stored in p1
+    assert all(s.get("host", 0) > 0 for s in sources(r, 3))  # p4: p3 stored again
 
 
 @pytest.mark.xdist_group("vllm-hits")

@@ -16,7 +16,8 @@ SPEC (JSON)::
           "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>",
           "image": {"seed": 1, "size": 64} | null}],
          "max_concurrency": 4},
-        {"op": "reset_prefix_cache"}, {"op": "drain"}, {"op": "settle"}]}
+        {"op": "reset_prefix_cache"}, {"op": "drain"}, {"op": "settle"},
+        {"op": "stores", "on": false}]}
 
 ``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
 than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
@@ -31,7 +32,10 @@ prompt is that request's prompt + its output (without a final end-of-sequence to
 (and kvtier's tiers too with ``"connector": true``). ``drain`` steps the idle engine until
 kvtier has no job in flight. ``settle`` waits until kvtier's CPU tier memory is faulted
 in (done in the background after start-up; see :mod:`kvtier.vllm.probe`) and records the
-wait in OUT's ``settle`` list. OUT holds every op's results and, with ``inspect``, kvtier's
+wait in OUT's ``settle`` list. ``stores`` (in-process engines with the connector) turns
+kvtier's stores off (``"on": false``: the admission policy refuses every chunk, lookups
+and hits go on) or back on, so one engine can measure what its stores cost. OUT holds
+every op's results and, with ``inspect``, kvtier's
 internal state (in-process engines only), with ``inspect_keys`` also every tier's readable
 chunk keys and the key seed. ``kv_events`` turns vLLM's KV events on (``KVEventsConfig``
 fields); OUT's ``events_last_seq`` is then the last batch published. With
@@ -53,6 +57,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier import timeline
+from kvtier.keys import Key
+from kvtier.policies.admission import AdmissionPolicy
 from kvtier.tools.bench.binding import binding_env, default_threads
 from kvtier.tools.bench.workloads import next_ready
 
@@ -220,6 +226,21 @@ def _image(spec: dict[str, Any]) -> Any:
     return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
 
 
+class _RefuseAll(AdmissionPolicy):
+    def admit(self, key: Key) -> bool:
+        return False
+
+
+def set_stores(llm: Any, on: bool) -> None:
+    """Let kvtier store chunks (its own admission policy) or store none (in process)."""
+    conn = _connector(llm)
+    if conn is None or conn.manager is None:
+        raise ValueError("runner: the stores op needs an in-process engine with kvtier")
+    manager = conn.manager
+    own = manager.__dict__.setdefault("_runner_admission", manager.admission)
+    manager.admission = own if on else _RefuseAll()
+
+
 def drain(llm: Any, timeout: float = 30.0) -> None:
     """Step the engine until kvtier's jobs in flight are done and reported."""
     conn = _connector(llm)
@@ -335,6 +356,8 @@ def execute(llm: Any, spec: dict[str, Any], t0: float) -> dict[str, Any]:
             llm.reset_prefix_cache(reset_connector=bool(op.get("connector")))
         elif kind == "drain":
             drain(llm)
+        elif kind == "stores":
+            set_stores(llm, bool(op["on"]))
         elif kind == "settle":
             out.setdefault("settle", []).append(llm.collective_rpc("kvtier_settle")[0])
         else:
