@@ -145,10 +145,18 @@ def test_server_faults_recompute_and_keep_serving(fault):
             s.kill()
             s.start()
         elif fault == "hung":
+            resumed = threading.Event()
 
-            def hang() -> None:  # SIGSTOP for longer than the timeout, then carry on
+            def hang() -> None:  # SIGSTOP for far longer than the timeout, then carry on
                 s.pause()
-                threading.Timer(0.5, s.resume).start()
+
+                def resume() -> None:
+                    s.resume()
+                    resumed.set()
+
+                # 20x the 100 ms timeout: with 0.5 s, a loaded CI machine once let the
+                # reading thread reach its recv after the server had resumed.
+                threading.Timer(2.0, resume).start()
 
             setup_b = lambda e: before_first(e, "get_each", hang)  # noqa: E731
         b = serve(s.url, prompts, "b", timeout_ms=100, setup=setup_b)
@@ -158,6 +166,8 @@ def test_server_faults_recompute_and_keep_serving(fault):
             assert remote_tokens(b) == 0  # the server came back empty
         if fault == "kill-mid-load":
             s.start()
+        if fault == "hung":
+            assert resumed.wait(10)
         # The engine serves new work afterwards, through the remote tier again.
         import time
 
