@@ -15,12 +15,12 @@ chunks). ``KVTIER_KEYS_NATIVE=0`` in the environment forces the package path.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import logging
-import os
 from functools import cache
 
 import blake3
+
+from kvtier.native_lib import load_native
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +56,13 @@ class _Native:
 
 @cache
 def _native() -> _Native | None:
-    if os.environ.get("KVTIER_KEYS_NATIVE", "1") == "0":
-        return None
-    spec = importlib.util.find_spec("kvtier._keychain")
-    if spec is None or spec.origin is None:
-        log.info("kvtier: native chunk-key hash not built; using the blake3 package")
+    lib = load_native("kvtier._keychain", "KVTIER_KEYS_NATIVE", "the blake3 package")
+    if lib is None:
         return None
     try:
-        return _Native(ctypes.CDLL(spec.origin))
-    except (OSError, AttributeError):
-        log.warning("kvtier: cannot load %s; using the blake3 package", spec.origin)
+        return _Native(lib)
+    except AttributeError:
+        log.warning("kvtier: the native chunk-key hash lacks its functions; using blake3")
         return None
 
 

@@ -12,12 +12,12 @@ environment; :mod:`kvtier.transfer.copy` then uses torch's and NumPy's copies.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import logging
-import os
 from functools import cache
 
 import numpy as np
+
+from kvtier.native_lib import load_native
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +68,13 @@ class RowCopier:
 def row_copier() -> RowCopier | None:
     """The streaming row copier, or None (not built, no streaming stores on this CPU, or
     ``KVTIER_STREAM_COPY=0``)."""
-    if os.environ.get("KVTIER_STREAM_COPY", "1") == "0":
-        return None
-    spec = importlib.util.find_spec("kvtier.transfer._rowcopy")
-    if spec is None or spec.origin is None:
-        log.info("kvtier: native row copies not built; using torch/NumPy copies")
+    lib = load_native("kvtier.transfer._rowcopy", "KVTIER_STREAM_COPY", "torch/NumPy copies")
+    if lib is None:
         return None
     try:
-        lib = ctypes.CDLL(spec.origin)
         if not lib.kvt_streams():
             return None  # memcpy only: NumPy's and torch's copies are as good
-    except (OSError, AttributeError):
-        log.warning("kvtier: cannot load %s; using torch/NumPy copies", spec.origin)
+        return RowCopier(lib)
+    except AttributeError:
+        log.warning("kvtier: the native row copies lack their functions; using torch/NumPy")
         return None
-    return RowCopier(lib)

@@ -15,13 +15,13 @@ cannot be found; the disk tier then uses its Python path.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import logging
-import os
 from functools import cache
 
 import numpy as np
 import numpy.typing as npt
+
+from kvtier.native_lib import load_native
 
 log = logging.getLogger(__name__)
 
@@ -150,21 +150,17 @@ class NativeIO:
 def native_io() -> NativeIO | None:
     """The native data path, or None (no built library, no XXH3 functions, or
     ``KVTIER_DISK_NATIVE=0`` in the environment)."""
-    if os.environ.get("KVTIER_DISK_NATIVE", "1") == "0":
-        return None
-    spec = importlib.util.find_spec("kvtier.tiers.disk._slabio")
-    if spec is None or spec.origin is None:
-        log.info("kvtier: native disk I/O not built; using the Python path")
+    lib = load_native("kvtier.tiers.disk._slabio", "KVTIER_DISK_NATIVE", "the Python disk path")
+    if lib is None:
         return None
     fns = _xxh3_functions()
     if fns is None:
         log.warning("kvtier: xxhash exposes no XXH3 functions; using the Python disk path")
         return None
     try:
-        lib = ctypes.CDLL(spec.origin)
         if lib.kvt_init(*[_P(a) for a in fns]) != 0:
             return None
-    except (OSError, AttributeError):
-        log.warning("kvtier: cannot load %s; using the Python disk path", spec.origin)
+    except AttributeError:
+        log.warning("kvtier: the native disk I/O lacks its functions; using the Python path")
         return None
     return NativeIO(lib)
