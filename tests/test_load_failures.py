@@ -16,8 +16,9 @@ connector, with real faults:
    engine's prefix cache is reset, round 2 loads;
 2. the disk tier's slab payloads corrupted on the filesystem, then a new engine on that
    disk tier alone serves round 2;
-3. the redis tier (under an empty CPU tier), reached through a loopback proxy that holds every value reply
-   past the tier's timeout (probes answer, reads time out), serves round 2.
+3. the redis tier (under an empty CPU tier), reached through a loopback proxy that holds
+   every value reply past the tier's timeout (probes answer, reads time out), serves
+   round 2.
 
 Every output must equal the no-connector engine's, the engine must keep serving (no
 ``RuntimeError`` from the scheduler), and the failures must show in kvtier's metrics.
