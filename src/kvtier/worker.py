@@ -37,6 +37,7 @@ Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 
@@ -44,6 +45,8 @@ from kvtier import timeline
 from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.layered import LayeredLoad
+
+log = logging.getLogger("kvtier")
 
 IDLE_WAIT_SECONDS = 0.25
 """The longest an idle step waits for an async load to finish. Bounds how late a request
@@ -232,6 +235,8 @@ class WorkerSide:
         out = self._failed_reqs & finished
         self._failed_reqs -= out
         self._load_errors.clear()
+        if out:
+            log.warning("kvtier: loads failed for %d request(s); they recompute", len(out))
         return out
 
     def report(self) -> WorkerReport:
