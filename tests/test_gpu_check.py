@@ -5,6 +5,8 @@ where no CUDA device is."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -78,3 +80,20 @@ CUDA = torch.device("cuda")
 def test_cuda_check(check):
     result = check()
     assert result["ok"], result
+
+
+def test_the_check_runs_without_blake3_redis_cryptography_or_vllm():
+    """The GPU machine has PyTorch, NumPy and xxhash, none of these: the check's imports
+    and one check run with them made unimportable."""
+    code = (
+        "import sys\n"
+        "for m in ('blake3', 'redis', 'hiredis', 'cryptography', 'vllm'):\n"
+        "    sys.modules[m] = None\n"
+        f"sys.path.insert(0, {str(Path(gpu_check.__file__).parent)!r})\n"
+        "import torch, gpu_check\n"
+        "r = gpu_check.check_disk(gpu_check.DRY, torch.device('cpu'), 0)\n"
+        "assert r['ok'], r\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
