@@ -46,7 +46,7 @@ def test_a_layer_read_before_its_copy_finished_fails_the_check(monkeypatch):
     """The layered check can fail: with ``wait_layer`` waiting for nothing, the forward
     reads the faulty layer while it holds garbage."""
     monkeypatch.setattr(WorkerSide, "wait_layer", lambda self, name: None)
-    result = gpu_check.check_layered(gpu_check.DRY, CPU, True, seed=3)
+    result = gpu_check.check_layered(gpu_check.DRY, CPU, True, seed=3, overlap=False)
     assert not result["ok"]
     assert not result["fault"]["bit_exact_as_read_by_each_layer"]
 
