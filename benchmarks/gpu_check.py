@@ -208,7 +208,8 @@ class GarbageFirst(SlotStore):
 def make_slab(dry: bool, slots: int, row_bytes: Sequence[int], bpc: int) -> CpuSlab:
     slab = (DeviceLikeSlab if dry else CpuSlab)(slots, row_bytes, bpc)
     if slab.host is not None:
-        slab.host.wait_ready()  # measured on its own (pinning); not inside the copies
+        # Measured on its own (pinning), not inside the copies; bounded, as there.
+        slab.host.wait_ready(timeout=PIN_TIMEOUT_S)
     return slab
 
 
