@@ -19,8 +19,9 @@ Per step, in the engine's order:
    remote load took 2.4 s behind 1,280 empty steps, 0.58 s without them) and learn of the
    load one step late.
 
-Loading layer by layer (``layers`` given; host-memory KV and CPU-tier row copies only,
-see :meth:`kvtier.transfer.engine.TransferEngine.submit_layered`): the engine writes this
+Loading layer by layer (``layers`` given; CPU-tier loads of one KV-cache group only, see
+:meth:`kvtier.transfer.engine.TransferEngine.submit_layered`; on device KV each layer is
+reported whole once the copy stream finished it): the engine writes this
 step's new KV into the cache before the attention of the same layer runs, and that
 attention is where the engine waits for the layer (vLLM's CPU backend updates the cache
 in an op of its own, ahead of the attention op the connector's wait wraps). The only
