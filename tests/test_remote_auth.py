@@ -175,7 +175,7 @@ def test_garbage_value_healed(server, mode):  # noqa: F811
         # The delete fails (the server refuses it): the next store overwrites anyway.
         raw.set(names[0], b"garbage")
 
-        def refuse(names):
+        def refuse(names, breaker=True):
             raise RemoteUnavailable("delete refused")
 
         store.client.delete = refuse  # type: ignore[method-assign]

@@ -255,7 +255,7 @@ def acl_line(user: str = "kvtier") -> str:
     """The grant docs/security.md shows (minus +client|setinfo, which 7.0 lacks)."""
     prefix = keyspace.PREFIX.decode()
     return (
-        f"user {user} on >{ACL_PASSWORD} resetkeys ~{prefix}* resetchannels -@all +get +set "
+        f"user {user} on >{ACL_PASSWORD} resetkeys ~{prefix}* resetchannels -@all +getrange +set "
         "+exists +unlink +del +scan +ping +evalsha +eval +script|load +command "
         "+cluster|slots +cluster|shards +readonly"
     )
