@@ -36,7 +36,9 @@ def _acl_url(s: RedisServer) -> str:
 def _stats(admin: redis.Redis) -> tuple[int, dict[str, int]]:
     """Bytes the server has sent to clients, and calls per command so far."""
     sent = int(admin.info("stats")["total_net_output_bytes"])
-    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in admin.info("commandstats").items()}
+    calls = {
+        k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in admin.info("commandstats").items()
+    }
     return sent, calls
 
 
@@ -158,4 +160,3 @@ def test_thousands_of_planted_values_are_healed_in_one_round_trip(acl_server):
         store.close()
         attacker.close()
         admin.close()
-
