@@ -15,9 +15,10 @@ that chunk, and so does a timeout or a dead server (the engine recomputes).
 
 Self-healing: a value that is present but fails a check (of another length or Redis type
 included: reads fetch at most one byte more than a good value) is deleted after the read,
-all such names in one round trip, and its name remembered, so the next store of that chunk sets it again instead of skipping it as
-present (even if the delete failed); such values are counted (``auth_failures``: a bad tag,
-``bad_values``: any other check) and so are the deletes (``healed``). Values are opaque
+all such names in one round trip, and its name remembered, so the next store of that
+chunk sets it again instead of skipping it as present (even if the delete failed); such
+values are counted (``auth_failures``: a bad tag, ``bad_values``: any other check) and so
+are the deletes (``healed``). Values are opaque
 bytes: nothing read is unpickled or evaluated.
 """
 
