@@ -160,3 +160,25 @@ def test_thousands_of_planted_values_are_healed_in_one_round_trip(acl_server):
         store.close()
         attacker.close()
         admin.close()
+
+
+def test_an_acl_user_without_getrange_is_named_in_a_warning(caplog):
+    """A kvtier user granted by an older version (``+get``, no ``+getrange``): loads are
+    misses, never errors, and one warning names the grant to add."""
+    import logging
+
+    from kvtier.tiers.remote import streams
+
+    old = acl_line().replace("+getrange", "+get")
+    caplog.set_level(logging.WARNING, logger="kvtier")
+    streams._NOPERM_WARNED.clear()
+    with RedisServer(acl=[old]) as s:
+        store = make_store(_acl_url(s), "off", None)
+        keys, data = chain(2, salt=48), payload(2, 48)
+        try:
+            assert store.write([-1] * 2, keys, segs(data)) == [True] * 2
+            assert read(store, keys)[0] == [False, False]
+            assert read(store, keys)[0] == [False, False]
+        finally:
+            store.close()
+    assert caplog.text.count("+getrange") == 1

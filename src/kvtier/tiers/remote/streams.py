@@ -32,6 +32,7 @@ dropped, not reused.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -260,6 +261,21 @@ def get_each(
             ):
                 consume(j, WRONG_TYPE)
             else:
+                if isinstance(reply, redis.exceptions.NoPermissionError):
+                    _warn_noperm()
                 consume(j, None)
     finally:
         conns.release()
+
+
+_NOPERM_WARNED: list[bool] = []
+
+
+def _warn_noperm() -> None:
+    """Once per process: an ACL user granted ``GET`` by an older kvtier lacks ``GETRANGE``."""
+    if not _NOPERM_WARNED:
+        _NOPERM_WARNED.append(True)
+        logging.getLogger("kvtier").warning(
+            "kvtier: the store refused GETRANGE (NOPERM): loads are misses until kvtier's "
+            "ACL user is granted +getrange (docs/security.md, section 6)"
+        )
