@@ -65,7 +65,7 @@ def _two_at_once(a: MiniEngine, b: MiniEngine) -> None:
 
 @pytest.mark.parametrize("mode", ["off", "mac", "aead"])
 @settings(
-    max_examples=4,
+    max_examples=8,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
