@@ -16,7 +16,7 @@ import redis
 import torch
 
 from kvtier.tools.redis_server import RedisServer
-from redis_fixtures import CHUNK_BYTES, chain, payload, segs
+from redis_fixtures import CHUNK_BYTES, chain, flush, payload, segs, server  # noqa: F401  (fixture)
 from test_remote_auth import MODES, SECRET_A, make_store, read
 from test_secrets import ACL_PASSWORD, acl_line
 
@@ -182,3 +182,48 @@ def test_an_acl_user_without_getrange_is_named_in_a_warning(caplog):
         finally:
             store.close()
     assert caplog.text.count("+getrange") == 1
+
+
+def test_key_secret_alone_stops_rewrites_of_existing_values(server):  # noqa: F811
+    """Finding 3: with a deployment key_secret and no tier secret, someone who may SCAN,
+    GET and SET rewrote an existing value with a fresh envelope (public format, unkeyed
+    checksum) over their own payload, and the victim loaded it (main). Now such a tier
+    MACs its values under a secret derived from the key secret: the rewrite is refused,
+    counted and healed, and the next store writes the honest value."""
+    from kvtier.config import KVTierConfig
+    from kvtier.keys import Namespace, chunk_keys
+    from kvtier.stack.build import build_stores
+    from kvtier.stack.kinds import TierContext
+    from kvtier.tiers.envelope import HEADER_BYTES, parse_envelope, seal
+
+    flush(server.url)
+    ns = Namespace("model", "layout", "tp1pp1", "tenant", secret=b"k" * 32)
+    cfg = KVTierConfig.from_dict(
+        {"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": server.url, "timeout_ms": 3000}]}
+    )
+    store = build_stores(cfg, TierContext(CHUNK_BYTES, ns))["redis"]
+    raw = redis.Redis.from_url(server.url)
+    keys, data = chunk_keys(list(range(12)), 4, ns.seed()), payload(3, 49)
+    evil = bytes(range(256)) * (CHUNK_BYTES // 256)
+    try:
+        assert store.write([-1] * 3, keys, segs(data)) == [True] * 3
+        for name in raw.scan_iter(match="kvt4:*"):
+            value = raw.get(name)
+            # Wherever the envelope sits (last, or before a tag), a well-formed forgery.
+            for at in (len(value) - HEADER_BYTES, len(value) - HEADER_BYTES - 32):
+                env = parse_envelope(value[at : at + HEADER_BYTES])
+                if env is not None:
+                    forged = seal(env.key, env.parent, env.namespace, evil, tail=True)
+                    raw.set(name, forged + value[at + HEADER_BYTES :])
+                    break
+            else:
+                raise AssertionError("no envelope found")
+        ok, out = read(store, keys)
+        assert ok == [False] * 3 and not any(bytes(row.numpy()) == evil for row in out)
+        assert store.auth_failures == 3 and store.healed == 3
+        assert store.write([-1] * 3, keys, segs(data)) == [True] * 3
+        ok, out = read(store, keys)
+        assert ok == [True] * 3 and torch.equal(out, data)
+    finally:
+        store.close()
+        raw.close()

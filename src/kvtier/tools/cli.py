@@ -102,11 +102,12 @@ def _purge(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     print(f"purge: {target.describe()}{' (dry run: nothing is removed)' if args.dry_run else ''}")
     if args.remote:
+        from kvtier.tiers.remote.cli_options import key_secret_from_args
         from kvtier.tiers.remote.kind import secret_for
         from kvtier.tools.purge.remote import nothing_matched, purge_remote
 
         with _remote(args) as (client, display, spec):
-            secret = secret_for(spec)
+            secret = secret_for(spec, key_secret_from_args(args))
             got = _redis_call(
                 display,
                 lambda: purge_remote(

@@ -32,6 +32,13 @@ CLI_KEYS: dict[str, str] = {
 }
 """Tier options a tool takes, with their help lines."""
 
+KEY_SECRET_KEYS: dict[str, str] = {
+    "key_secret_env": "the deployment's key_secret_env (a redis tier without a secret of its "
+    "own keys its names by a secret derived from it)",
+    "key_secret_file": "the deployment's key_secret_file",
+}
+"""Top-level options a tool takes as well (they shape a redis tier's names)."""
+
 TOOL_TIMEOUT_MS = 30_000.0
 """A tool's bound on each network wait (a SCAN step over a large store takes a while)."""
 
@@ -42,8 +49,18 @@ def flag(key: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--password-file``, ``--ssl-ca``, ... (one per :data:`CLI_KEYS`)."""
-    for key, text in CLI_KEYS.items():
+    for key, text in (CLI_KEYS | KEY_SECRET_KEYS).items():
         parser.add_argument(flag(key), dest=key, default=None, metavar="VALUE", help=text)
+
+
+def key_secret_from_args(args: argparse.Namespace) -> bytes:
+    """The deployment key secret the flags name, read and checked as an engine reads it
+    (:func:`kvtier.keysecret.read_key_secret`); b"" when none is given."""
+    from kvtier.config import KVTierConfig
+    from kvtier.keysecret import read_key_secret
+
+    given = {k: getattr(args, k) for k in KEY_SECRET_KEYS if getattr(args, k, None)}
+    return read_key_secret(KVTierConfig.from_dict(given)) if given else b""
 
 
 def tier_from_args(url: str, args: argparse.Namespace, where: str) -> TierSpec:

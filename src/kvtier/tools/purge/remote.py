@@ -131,8 +131,10 @@ def nothing_matched(
     if not total:
         return None
     keyed = (
-        "the purge was given no secret: a redis tier with secret_env or secret_file keys its "
-        "names, so give --secret-env or --secret-file as the tier has them"
+        "the purge was given no secret: a redis tier with secret_env or secret_file (or, "
+        "without one, a deployment with key_secret_env or key_secret_file) keys its names, "
+        "so give --secret-env / --secret-file (or --key-secret-env / --key-secret-file) as "
+        "the deployment has them"
         if secret is None
         else "the secret given may not be the tier's (names are keyed by it)"
     )
