@@ -42,6 +42,15 @@ def _stats(admin: redis.Redis) -> tuple[int, dict[str, int]]:
     return sent, calls
 
 
+def _stored_again_and_loaded(store, keys, data) -> None:
+    """The next store writes every chunk (healed names are not skipped as present) and a
+    read then loads them all, byte for byte."""
+    n = len(keys)
+    assert store.write([-1] * n, keys, segs(data)) == [True] * n
+    ok, out = read(store, keys)
+    assert ok == [True] * n and torch.equal(out, data)
+
+
 def _plant(attacker: redis.Redis, admin: redis.Redis, name: bytes, how: str, size: int) -> None:
     if how == "huge":  # the ACL user itself: SET is all it needs
         attacker.set(name, b"\0" * size)
@@ -94,9 +103,7 @@ def test_huge_values_are_never_downloaded_and_good_chunks_load(acl_server, mode)
         assert calls1.get("del", 0) == calls0.get("del", 0)
         assert store.bad_values + store.auth_failures == 4 and store.healed == 4
         # The next store writes the honest values; the one after loads everything.
-        assert store.write([-1] * 12, keys, segs(data)) == [True] * 12
-        ok, out = read(store, keys)
-        assert ok == [True] * 12 and torch.equal(out, data)
+        _stored_again_and_loaded(store, keys, data)
     finally:
         store.close()
         attacker.close()
@@ -122,10 +129,8 @@ def test_values_of_another_type_are_bad_values_and_healed(acl_server, mode, how)
         assert store.bad_values == 1 and store.healed == 1
         assert admin.exists(names[2]) == 0
         assert store.client.available
-        assert store.write([-1] * 4, keys, segs(data)) == [True] * 4
+        _stored_again_and_loaded(store, keys, data)
         assert store.skipped_writes == 3
-        ok, out = read(store, keys)
-        assert ok == [True] * 4 and torch.equal(out, data)
     finally:
         store.close()
         admin.close()
@@ -221,9 +226,7 @@ def test_key_secret_alone_stops_rewrites_of_existing_values(server):  # noqa: F8
         ok, out = read(store, keys)
         assert ok == [False] * 3 and not any(bytes(row.numpy()) == evil for row in out)
         assert store.auth_failures == 3 and store.healed == 3
-        assert store.write([-1] * 3, keys, segs(data)) == [True] * 3
-        ok, out = read(store, keys)
-        assert ok == [True] * 3 and torch.equal(out, data)
+        _stored_again_and_loaded(store, keys, data)
     finally:
         store.close()
         raw.close()
