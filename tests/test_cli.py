@@ -32,7 +32,7 @@ def kvtier(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
         (["bench", "--model", "/no/such/model"], "not a local model directory"),
         (
             ["bench", "--workload", "two-engines", "--remote", "http://127.0.0.1:1"],
-            "--remote: 'http://127.0.0.1:1' is not a remote-store URL",
+            "--remote: the value (not shown, 18 characters) has a scheme that is not accepted",
         ),
         (
             ["bench", "--workload", "two-engines", "--remote", "redis://127.0.0.1:1"],

@@ -151,8 +151,10 @@ class KVTierConfig:
     """Name of an environment variable holding the secret that keys the chunk-key hash
     (keyed BLAKE3, :mod:`kvtier.keys`); never the secret itself. With a secret, someone who
     reads chunk names in a shared store or disk directory cannot test guessed prompts against
-    them nor predict a victim's keys. Every engine sharing a tier needs the same secret (a
-    different one is a different namespace: no hits). None (default): no secret."""
+    them nor predict a victim's keys, and a redis tier without a secret of its own MACs its
+    values under one derived from it (nobody without it can rewrite a stored value). Every
+    engine sharing a tier needs the same secret (a different one is a different namespace:
+    no hits). None (default): no secret."""
 
     key_secret_file: str | None = None
     """Path of a file holding that secret (its bytes, one trailing newline ignored; at least
