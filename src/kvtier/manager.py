@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
+from kvtier.hints import NO_HINTS, Hints
 from kvtier.jobs import StepPlan, TransferJob, WorkerReport
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Key, Namespace
@@ -29,7 +30,9 @@ from kvtier.sources import HitSource, hit_sources
 from kvtier.stack.job_table import JobEntry, JobTable
 from kvtier.stack.loads import LoadPlanner
 from kvtier.stack.movement import Movement
+from kvtier.stack.prefetch import Prefetcher
 from kvtier.stack.requests import Hit, RequestState
+from kvtier.stack.retain import Retention
 from kvtier.stack.stack import StackTier, TierStack
 
 log = logging.getLogger(__name__)
@@ -107,6 +110,19 @@ class CacheManager:
             config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
         )
         self.budget = self.loads.budget
+        self.prefetch = Prefetcher(
+            stack,
+            self.jobs,
+            self.movement,
+            self.metrics,
+            layout.chunk_bytes(self.chunk_tokens),
+            step_bytes=config.prefetch_step_bytes,
+            inflight_bytes=config.prefetch_inflight_bytes,
+            lease_s=config.prefetch_lease_s,
+        )
+        self.retention = Retention(
+            stack, self.metrics, max_share=config.retain_max_share, max_s=config.retain_max_s
+        )
         self.recent_hit_sources = self.loads.recent_hit_sources
         """The last requests' hit sources (inspection and tests)."""
         self.recent_load_modes = self.loads.recent_load_modes
@@ -135,6 +151,31 @@ class CacheManager:
             if inputs.unkeyable:
                 self.metrics.inc("unkeyable_requests", 1, inputs.unkeyable)
         return req
+
+    def on_new_request(
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        *,
+        inputs: KeyInputs = NO_INPUTS,
+        hints: Hints = NO_HINTS,
+    ) -> None:
+        """A request arrived (before it is scheduled): keep its hints, start its prefetch
+        (:mod:`kvtier.stack.prefetch`). Costs nothing without hints and with prefetch off
+        or nothing below the first tier; otherwise the key computation its first lookup
+        would do anyway, and a lookup in each tier."""
+        want = hints.prefetch_only or self.prefetches()
+        if not want and hints is NO_HINTS:
+            return
+        req = self._request(req_id, inputs)
+        req.hints = hints
+        if want and not req.unkeyable:
+            req.chain.update(tokens)
+            self.prefetch.arrive(req_id, req.chain.keys)
+
+    def prefetches(self) -> bool:
+        """Whether arriving requests are prefetched (config on, a tier to prefetch from)."""
+        return self.config.prefetch and self.prefetch.able
 
     def lookup(
         self,
@@ -165,10 +206,11 @@ class CacheManager:
         if not req.observed:  # once per request: repeated lookups are not reuse
             req.observed = True
             self.admission.observe(keys)
-            for tier in self.stack.tiers:
-                tier.index.observe(keys)
+            mine = self.prefetch.observe_limit(req_id)  # a prefetch and its use: one use
+            for t, tier in enumerate(self.stack.tiers):
+                tier.index.observe(keys if t or mine is None else keys[:mine])
         found = self.stack.lookup(keys, first)
-        if found is None:
+        if found is None or self.prefetch.waiting(req_id):
             self.deferred += 1
             return None
         covered = found[-1][2] if found else first
@@ -205,10 +247,12 @@ class CacheManager:
         hit = req.hit if req is not None else None
         if req is None or hit is None or num_external <= 0:
             self.budget.release(req_id)
+            self.prefetch.consumed(req_id, 0)
             if req is not None:
                 req.load_runs = []
             return
         self.loads.allocate(req_id, req, hit, block_ids, num_external, sync)
+        self.prefetch.consumed(req_id, -(-(hit.start + num_external) // self.chunk_tokens))
 
     def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
         """Which tier each of the accepted ``num_external`` hit tokens came from."""
@@ -230,6 +274,8 @@ class CacheManager:
             loads=self.loads.pending, stores=self._finish_stores, release=self._pending_release
         )
         self.loads.pending, self._pending_release, self._finish_stores = [], {}, []
+        self.prefetch.step()
+        self.retention.step()
         plan.stores += self.movement.pending
         self.movement.pending = []
         n_batch = 0
@@ -254,7 +300,7 @@ class CacheManager:
         """The store of the request's newly complete chunks into its entry tier, preceded
         by the demotions of the chunks that evicts; [] when there is none."""
         req = self._reqs.get(req_id) or self._request(req_id)
-        if req.unkeyable:
+        if req.unkeyable or req.hints.tier_hint == "skip":
             return []
         c, bpc = self.chunk_tokens, self.blocks_per_chunk
         n_full = min(limit // c, len(block_ids) // bpc)
@@ -262,7 +308,7 @@ class CacheManager:
             return []
         req.chain.update(tokens[: n_full * c])
         keys = req.chain.keys[:n_full]
-        t = req.entry
+        t = req.entry if req.hints.tier_hint != "demote" else demote_entry(self.stack, req.entry)
         tier = self.stack[t]
         present = tier.index.stored_len(keys)
         if present >= n_full:
@@ -304,8 +350,13 @@ class CacheManager:
         if req is None:
             return False
         self.budget.release(req_id)
+        self.prefetch.finished(req_id)
         if self.config.store_output_tokens:
             self._finish_stores += self._plan_store(req_id, tokens, num_computed, block_ids)
+        retain = req.hints.retain_s or (self.config.prefetch_lease_s * req.hints.prefetch_only)
+        if retain and not req.unkeyable:
+            n = min(num_computed, len(tokens)) // self.chunk_tokens
+            self.retention.lease(req_id, req.chain.keys[:n], retain)
         req.finished = True
         if req.jobs:
             self._pending_release[req_id] = sorted(req.jobs)
@@ -337,6 +388,7 @@ class CacheManager:
             dst = job.dst_tier if job.kind == "copy" else job.tier
             if job.kind == "copy":
                 self.movement.copied(job, result.ok)
+                self.prefetch.landed(job)
             else:
                 t = self.stack.position[dst]
                 self.stack[t].index.commit(job.keys, result.ok)
@@ -358,6 +410,7 @@ class CacheManager:
 
     def reset(self) -> bool:
         """Forget every stored chunk that no job is using (vLLM's reset_prefix_cache)."""
+        self.retention.clear()
         self.stack.clear()
         return True
 
@@ -378,6 +431,15 @@ def chain_keys(manager: CacheManager, req_id: str) -> Sequence[Key]:
     """The request's chunk keys computed so far (empty for a request it does not know)."""
     req = manager._reqs.get(req_id)
     return req.chain.keys if req is not None else ()
+
+
+def demote_entry(stack: TierStack, entry: int) -> int:
+    """Where a ``tier_hint: demote`` request stores: the deepest private tier below the
+    first (``entry`` when there is none: a stack of one tier, or a shared tier below)."""
+    t = len(stack) - 1
+    while t > 0 and stack[t].shared:
+        t -= 1
+    return max(t, entry)
 
 
 def _slots(index: object) -> int:

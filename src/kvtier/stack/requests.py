@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtier.hints import NO_HINTS, Hints
 from kvtier.keys import KeyChain
 from kvtier.sources import HitRun
 
@@ -39,3 +40,5 @@ class RequestState:
     observed: bool = False
     unkeyable: bool = False
     """Its inputs include a kind chunk keys cannot cover: never loaded nor stored."""
+    hints: Hints = NO_HINTS
+    """What the request's ``kv_transfer_params`` asked (:mod:`kvtier.hints`)."""

@@ -45,6 +45,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
+from kvtier.hints import NO_HINTS, parse_hints
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
@@ -278,6 +279,22 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return False  # a cache: a dropped store is a future miss
 
     # == scheduler side ===================================================================
+
+    def on_new_request(self, request: Request) -> None:
+        # Before scheduling: hints, and the prefetch of a slow-tier prefix
+        # (kvtier.stack.prefetch; docs/prefetch.md).
+        m = self.manager
+        if m is None:
+            return
+        hints = parse_hints(request.kv_transfer_params, m.metrics)
+        if hints is NO_HINTS and not m.prefetches():
+            return
+        m.on_new_request(
+            request.request_id,
+            request.all_token_ids,
+            inputs=self.setup.key_inputs(request),
+            hints=hints,
+        )
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
