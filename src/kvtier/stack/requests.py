@@ -42,3 +42,7 @@ class RequestState:
     """Its inputs include a kind chunk keys cannot cover: never loaded nor stored."""
     hints: Hints = NO_HINTS
     """What the request's ``kv_transfer_params`` asked (:mod:`kvtier.hints`)."""
+    load_failed_at: int | None = None
+    """The first chunk of this request whose load failed: its later lookups stop before
+    it, so a hit that cannot load (a planted value, a flaky disk, a timeout) is never
+    claimed twice by the same request and cannot loop it through reschedules."""
