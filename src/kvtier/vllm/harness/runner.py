@@ -36,7 +36,10 @@ wait in OUT's ``settle`` list. ``stores`` (in-process engines with the connector
 kvtier's stores off (``"on": false``: the admission policy refuses every chunk, lookups
 and hits go on) or back on, so one engine can measure what its stores cost. ``evict``
 (in-process engines) forgets what a kvtier tier holds (default "cpu"), as other traffic
-evicting it would: the tiers below keep their copies. A request's ``kv_transfer_params``
+evicting it would: the tiers below keep their copies; ``prefetch`` (``"on": bool``)
+turns kvtier's prefetch on arrival on or off. A request with ``extend`` and ``gap``
+(seconds) is admitted that long after the request it extends finished (an agent's tool
+call). A request's ``kv_transfer_params``
 (a mapping) reaches the connector as vLLM's per-request transfer parameters (kvtier's
 hints: docs/prefetch.md). OUT holds
 every op's results and, with ``inspect``, kvtier's
@@ -132,11 +135,12 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
     limit = op.get("max_concurrency", 1 << 30)
     running: dict[str, dict[str, Any]] = {}
     done: dict[str, dict[str, Any]] = {}
+    finished_at: dict[str, float] = {}
     t0 = time.perf_counter()
     while pending or running:
         now = time.perf_counter() - t0
         while len(running) < limit:
-            r = next_ready(pending, now, history)
+            r = next_ready(pending, now, history, finished_at)
             if r is None:
                 break
             prompt = list(r["prompt"])
@@ -201,6 +205,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 if "engine_prompt" in rec:
                     rec["engine_prompt"] = list(out.prompt_token_ids or ())
                 history[rec["id"]] = rec.pop("prompt") + rec["output"]
+                finished_at[rec["id"]] = t - t0
                 done[rec["id"]] = running.pop(rec["id"])
                 if progress:
                     _FINISHED[0] += 1
@@ -248,6 +253,16 @@ def set_stores(llm: Any, on: bool) -> None:
     manager = conn.manager
     own = manager.__dict__.setdefault("_runner_admission", manager.admission)
     manager.admission = own if on else _RefuseAll()
+
+
+def set_prefetch(llm: Any, on: bool) -> None:
+    """Turn kvtier's prefetch on arrival on or off (config ``prefetch``) in this process's
+    engine; no-op without kvtier (the baseline runs the same program)."""
+    import dataclasses
+
+    conn = _connector(llm)
+    if conn is not None and conn.manager is not None:
+        conn.manager.config = dataclasses.replace(conn.manager.config, prefetch=on)
 
 
 def evict(llm: Any, tier: str) -> None:
@@ -382,6 +397,8 @@ def execute(llm: Any, spec: dict[str, Any], t0: float) -> dict[str, Any]:
             set_stores(llm, bool(op["on"]))
         elif kind == "evict":
             evict(llm, str(op.get("tier", "cpu")))
+        elif kind == "prefetch":
+            set_prefetch(llm, bool(op["on"]))
         elif kind == "settle":
             out.setdefault("settle", []).append(llm.collective_rpc("kvtier_settle")[0])
         else:
