@@ -15,7 +15,7 @@
     adds its answer and a 48-token tool result, after a tool call of ``--gap`` seconds.
     Meanwhile background requests (512-token prompts drawn from a pool of 12, some reuse)
     arrive every 0.25 s and evict the agents' chains from a small CPU tier (192 MiB) and the
-    engine's own cache (128 blocks). Run with ``retain_s`` on every agent turn and without
+    engine's own cache (160 blocks). Run with ``retain_s`` on every agent turn and without
     it; hit ratio = cached prompt tokens / prompt tokens (vLLM's ``num_cached_tokens``: the
     engine's cache plus kvtier), agents' later turns and background apart:
     ``agent_hit_ratio_retain_over_off`` (goal > 1) and what the background pays,
@@ -48,7 +48,7 @@ from kvtier.tools.bench.binding import check_equal, default_threads, same_bindin
 from kvtier.tools.bench.engine import run_engine
 
 PREFIX, SUFFIX, OUT = 512, 32, 8
-ENGINE = {"dtype": "float32", "max_model_len": 4096, "num_gpu_blocks_override": 128}
+ENGINE = {"dtype": "float32", "max_model_len": 2048, "num_gpu_blocks_override": 160}
 CONTEXT, TOOL, ANSWER, BG_TOKENS, BG_POOL, BG_EVERY = 768, 48, 16, 512, 12, 0.25
 RETAIN = {"kvtier": {"retain_s": 60}}
 SLOW_MODES = ("off", "on")
