@@ -201,8 +201,8 @@ class KVTierConfig:
 
     prefetch_lease_s: float = 30.0
     """Seconds a prefetch's chunks stay held in the CPU tier while its request is not
-    scheduled (counted from the arrival); then they are ordinary chunks again, which the
-    eviction policy may take."""
+    scheduled (counted from when its copies were planned: the arrival, unless it waited for
+    room); then they are ordinary chunks again, which the eviction policy may take."""
 
     retain_max_share: float = 0.25
     """Share of the CPU tier's slots that ``retain_s`` hints may hold together (0 to 1);
