@@ -95,8 +95,6 @@ class CacheManager:
         defer_on_inflight_loads: bool = True,
         sync_loads: bool = True,
     ) -> None:
-        """``sync_loads=False``: every hit loads asynchronously (see
-        :attr:`kvtier.stack.loads.LoadPlanner.sync_loads`)."""
         self.config = config
         self.layout = layout
         self.namespace = namespace
@@ -110,15 +108,9 @@ class CacheManager:
         self.jobs = JobTable(num_workers)
         self.movement = Movement(stack, self.jobs, self.metrics)
         self.loads = LoadPlanner(
-            config,
-            layout,
-            stack,
-            self.jobs,
-            self.metrics,
-            self.chunk_tokens,
-            block_tokens,
-            sync_loads=sync_loads,
+            config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
         )
+        self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
         self.prefetch = Prefetcher(
             stack,
@@ -207,7 +199,7 @@ class CacheManager:
         if req.unkeyable:
             return Hit(num_computed, num_computed, ())
         req.chain.update(tokens)
-        keys = req.chain.keys
+        keys = req.claimable(req.chain.keys)
         c = self.chunk_tokens
         first = num_computed // c
         if len(keys) <= first:
@@ -219,11 +211,6 @@ class CacheManager:
             mine = self.prefetch.observe_limit(req_id)  # a prefetch and its use: one use
             for t, tier in enumerate(self.stack.tiers):
                 tier.index.observe(keys if t or mine is None else keys[:mine])
-        if req.load_failed_at is not None:
-            keys = keys[: req.load_failed_at]  # never claim a chunk that failed to load
-            if len(keys) <= first:
-                req.hit = None
-                return Hit(num_computed, num_computed, ())
         found = self.stack.lookup(keys, first)
         if found is None or self.prefetch.waiting(req_id):
             self.deferred += 1
