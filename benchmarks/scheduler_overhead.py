@@ -121,7 +121,7 @@ from kvtier.events import TierEvents
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager
+from kvtier.manager import CacheManager, on_new_request
 from kvtier.policies import EvictionPolicy, make_eviction_policy
 from kvtier.policies.defaults import tier_eviction_name
 from kvtier.sources import HitRun, HitSource, hit_sources
@@ -472,18 +472,18 @@ def measure_arrival(held: bool, iters: int, warmup: int = 3) -> dict[str, float]
             assert isinstance(tier.index, SlotIndex)
             assert store_chain(tier.index, keys, n) == n
     manager = CacheManager(config, LAYOUT, namespace, BLOCK_TOKENS, stack)
-    assert manager.prefetches()
+    assert manager.arrivals.prefetching()
     manager.lookup(REQ_ID, tokens, 0)  # untimed: the request's keys
     clock = time.perf_counter_ns
     times: list[int] = []
     gc.collect()
     for i in range(warmup + iters):
         t0 = clock()
-        manager.on_new_request(REQ_ID, tokens)
+        on_new_request(manager, REQ_ID, tokens)
         t1 = clock()
         if i >= warmup:
             times.append(t1 - t0)
-    assert manager.prefetch.inflight == 0 and not manager.movement.pending
+    assert manager.arrivals.prefetch.inflight == 0 and not manager.movement.pending
     return stats_ns(times)
 
 

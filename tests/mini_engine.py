@@ -139,8 +139,9 @@ class MiniEngine:
         self.waiting.append(r)
         if arrive:
             from kvtier.hints import NO_HINTS
+            from kvtier.manager import on_new_request
 
-            self.manager.on_new_request(req_id, r.tokens, hints=hints or NO_HINTS)
+            on_new_request(self.manager, req_id, r.tokens, hints=hints or NO_HINTS)
         return r
 
     def abort(self, req_id: str) -> None:

@@ -119,7 +119,7 @@ def test_retain_keeps_an_agent_chain_through_background_traffic_until_it_expires
 
     def turn_two_hit(hints: Hints, gap: float) -> int:
         e = engine(cfg=dataclasses.replace(CFG, retain_max_share=0.5))  # 6 of 12 chunks
-        e.manager.retention.clock = lambda: now[0]
+        e.manager.arrivals.retention.clock = lambda: now[0]
         try:
             serve(e, "t1", AGENT + [5], hints)
             now[0] += gap
@@ -128,7 +128,7 @@ def test_retain_keeps_an_agent_chain_through_background_traffic_until_it_expires
             r = serve(e, "t2", AGENT + [5, 6, 7])
             assert e.wrong == 0 and not e.manager.has_pending_jobs()
             hit = r.sources.get(HitSource.HOST, 0)
-            e.manager.retention.clear()
+            e.manager.arrivals.retention.clear()
             assert pins(e) == 0
             return hit
         finally:
@@ -143,7 +143,7 @@ def test_leases_stay_within_their_share_and_a_next_turn_replaces_its_lease():
     cfg = dataclasses.replace(CFG, retain_max_share=0.5)  # 6 of 12 chunks
     e = engine(cfg=cfg)
     try:
-        ret = e.manager.retention
+        ret = e.manager.arrivals.retention
         serve(e, "a1", AGENT + [5], Hints(retain_s=60))
         assert ret.leases() == 1 and ret.covered == 4 and pins(e) == 1
         # The agent's next turn extends the chain: its lease replaces the first one.
@@ -199,7 +199,7 @@ def test_prefetch_only_promotes_with_prefetch_off_and_keeps_the_chain(tmp_path):
         r = serve(e, "warm", AGENT + [2], Hints(prefetch_only=True))
         assert r.sources == {HitSource.HOST: 4 * C}
         assert metric(e, "prefetch_chunks", "disk") == 4
-        assert e.manager.retention.leases() == 1 and pins(e) == 1
+        assert e.manager.arrivals.retention.leases() == 1 and pins(e) == 1
         for i in range(3):
             serve(e, f"bg2{i}", prompt(200 + i, 4) + [1])
         r = serve(e, "real", AGENT + [3])

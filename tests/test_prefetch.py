@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.hints import NO_HINTS, Hints
+from kvtier.manager import on_new_request
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
 from mini_engine import MiniEngine
@@ -79,12 +80,12 @@ def assert_clean(e: MiniEngine) -> None:
     m = e.manager
     assert e.wrong == 0
     assert not m.has_pending_jobs() and m.num_requests() == 0
-    assert pins(e) == 0 and m.prefetch.active() == 0 and m.prefetch.inflight == 0
+    assert pins(e) == 0 and m.arrivals.prefetch.active() == 0 and m.arrivals.prefetch.inflight == 0
 
 
 def arrive(e: MiniEngine, req_id: str, tokens: list[int], hints: Hints = NO_HINTS) -> None:
     """vLLM's on_new_request: the request is queued, not scheduled yet."""
-    e.manager.on_new_request(req_id, tokens, hints=hints)
+    on_new_request(e.manager, req_id, tokens, hints=hints)
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
@@ -151,17 +152,17 @@ def test_abort_while_prefetching_pins_nothing(tmp_path):
 def test_lease_ends_the_hold_of_a_request_never_scheduled(tmp_path):
     e = engine(tmp_path)
     now = [0.0]
-    e.manager.prefetch.clock = lambda: now[0]
+    e.manager.arrivals.prefetch.clock = lambda: now[0]
     try:
         on_disk_only(e)
         arrive(e, "r", PROMPT + [3])
         busy(e, 1)
-        assert e.manager.prefetch.pinned() == 1 and pins(e) == 1
+        assert e.manager.arrivals.prefetch.pinned() == 1 and pins(e) == 1
         now[0] += CFG.prefetch_lease_s + 1
         busy(e, 2)  # a step after the lease ended
-        assert e.manager.prefetch.pinned() == 0 and pins(e) == 0
+        assert e.manager.arrivals.prefetch.pinned() == 0 and pins(e) == 0
         assert metric(e, "prefetch_unused_chunks") == 5
-        assert e.manager.prefetch.inflight == 0
+        assert e.manager.arrivals.prefetch.inflight == 0
         e.manager.request_finished("r", PROMPT + [3], 0, [])  # vLLM frees it at last
         assert_clean(e)
     finally:
@@ -176,7 +177,7 @@ def test_a_prefetch_whose_read_fails_recomputes_and_pins_nothing(tmp_path):
         on_disk_only(e)
         arrive(e, "r", PROMPT + [3])
         busy(e, 1)
-        assert e.manager.prefetch.pinned() == 0
+        assert e.manager.arrivals.prefetch.pinned() == 0
         assert metric(e, "failures", "cpu", "store") == 5
         r = e.add("r", PROMPT + [3])
         e.run()
@@ -224,7 +225,7 @@ def test_caps_bound_the_bytes_in_flight_and_the_rest_waits(tmp_path):
     e = engine(tmp_path)
     try:
         on_disk_only(e)
-        p = e.manager.prefetch
+        p = e.manager.arrivals.prefetch
         p.inflight_cap = 2 * p.chunk_bytes
         arrive(e, "r", PROMPT + [3])
         assert p.inflight == 2 * p.chunk_bytes

@@ -27,12 +27,11 @@ from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.defaults import admission_policy
 from kvtier.sources import HitSource, hit_sources
+from kvtier.stack.arrivals import Arrivals, demote_entry
 from kvtier.stack.job_table import JobEntry, JobTable
 from kvtier.stack.loads import LoadPlanner
 from kvtier.stack.movement import Movement
-from kvtier.stack.prefetch import Prefetcher
 from kvtier.stack.requests import Hit, RequestState
-from kvtier.stack.retain import Retention
 from kvtier.stack.stack import StackTier, TierStack
 
 log = logging.getLogger(__name__)
@@ -112,19 +111,7 @@ class CacheManager:
         )
         self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
-        self.prefetch = Prefetcher(
-            stack,
-            self.jobs,
-            self.movement,
-            self.metrics,
-            layout.chunk_bytes(self.chunk_tokens),
-            step_bytes=config.prefetch_step_bytes,
-            inflight_bytes=config.prefetch_inflight_bytes,
-            lease_s=config.prefetch_lease_s,
-        )
-        self.retention = Retention(
-            stack, self.metrics, max_share=config.retain_max_share, max_s=config.retain_max_s
-        )
+        self.arrivals = Arrivals(config, layout, self.chunk_tokens, self.movement)
         self.recent_hit_sources = self.loads.recent_hit_sources
         """The last requests' hit sources (inspection and tests)."""
         self.recent_load_modes = self.loads.recent_load_modes
@@ -153,31 +140,6 @@ class CacheManager:
             if inputs.unkeyable:
                 self.metrics.inc("unkeyable_requests", 1, inputs.unkeyable)
         return req
-
-    def on_new_request(
-        self,
-        req_id: str,
-        tokens: Sequence[int],
-        *,
-        inputs: KeyInputs = NO_INPUTS,
-        hints: Hints = NO_HINTS,
-    ) -> None:
-        """A request arrived (before it is scheduled): keep its hints, start its prefetch
-        (:mod:`kvtier.stack.prefetch`). Costs nothing without hints and with prefetch off
-        or nothing below the first tier; otherwise the key computation its first lookup
-        would do anyway, and a lookup in each tier."""
-        want = hints.prefetch_only or self.prefetches()
-        if not want and hints is NO_HINTS:
-            return
-        req = self._request(req_id, inputs)
-        req.hints = hints
-        if want and not req.unkeyable:
-            req.chain.update(tokens)
-            self.prefetch.arrive(req_id, req.chain.keys)
-
-    def prefetches(self) -> bool:
-        """Whether arriving requests are prefetched (config on, a tier to prefetch from)."""
-        return self.config.prefetch and self.prefetch.able
 
     def lookup(
         self,
@@ -208,11 +170,10 @@ class CacheManager:
         if not req.observed:  # once per request: repeated lookups are not reuse
             req.observed = True
             self.admission.observe(keys)
-            mine = self.prefetch.observe_limit(req_id)  # a prefetch and its use: one use
             for t, tier in enumerate(self.stack.tiers):
-                tier.index.observe(keys if t or mine is None else keys[:mine])
+                tier.index.observe(self.arrivals.observed(req_id, t, keys))
         found = self.stack.lookup(keys, first)
-        if found is None or self.prefetch.waiting(req_id):
+        if found is None or self.arrivals.prefetch.waiting(req_id):
             self.deferred += 1
             return None
         covered = found[-1][2] if found else first
@@ -249,12 +210,11 @@ class CacheManager:
         hit = req.hit if req is not None else None
         if req is None or hit is None or num_external <= 0:
             self.budget.release(req_id)
-            self.prefetch.consumed(req_id, 0)
             if req is not None:
                 req.load_runs = []
             return
         self.loads.allocate(req_id, req, hit, block_ids, num_external, sync)
-        self.prefetch.consumed(req_id, -(-(hit.start + num_external) // self.chunk_tokens))
+        self.arrivals.prefetch.consumed(req_id, -(-(hit.start + num_external) // self.chunk_tokens))
 
     def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
         """Which tier each of the accepted ``num_external`` hit tokens came from."""
@@ -276,9 +236,7 @@ class CacheManager:
             loads=self.loads.pending, stores=self._finish_stores, release=self._pending_release
         )
         self.loads.pending, self._pending_release, self._finish_stores = [], {}, []
-        self.prefetch.step()
-        self.retention.step()
-        plan.stores += self.movement.pending
+        plan.stores += self.arrivals.copies()
         self.movement.pending = []
         n_batch = 0
         for s in scheduled:
@@ -352,13 +310,9 @@ class CacheManager:
         if req is None:
             return False
         self.budget.release(req_id)
-        self.prefetch.finished(req_id)
         if self.config.store_output_tokens:
             self._finish_stores += self._plan_store(req_id, tokens, num_computed, block_ids)
-        retain = req.hints.retain_s or (self.config.prefetch_lease_s * req.hints.prefetch_only)
-        if retain and not req.unkeyable:
-            n = min(num_computed, len(tokens)) // self.chunk_tokens
-            self.retention.lease(req_id, req.chain.keys[:n], retain)
+        self.arrivals.finished(req_id, req, tokens, num_computed)
         req.finished = True
         if req.jobs:
             self._pending_release[req_id] = sorted(req.jobs)
@@ -390,7 +344,6 @@ class CacheManager:
             dst = job.dst_tier if job.kind == "copy" else job.tier
             if job.kind == "copy":
                 self.movement.copied(job, result.ok)
-                self.prefetch.landed(job)
             else:
                 t = self.stack.position[dst]
                 self.stack[t].index.commit(job.keys, result.ok)
@@ -412,8 +365,7 @@ class CacheManager:
 
     def reset(self) -> bool:
         """Forget every stored chunk that no job is using (vLLM's reset_prefix_cache)."""
-        self.retention.clear()
-        self.stack.clear()
+        self.arrivals.reset()
         return True
 
     def has_pending_jobs(self) -> bool:
@@ -435,13 +387,27 @@ def chain_keys(manager: CacheManager, req_id: str) -> Sequence[Key]:
     return req.chain.keys if req is not None else ()
 
 
-def demote_entry(stack: TierStack, entry: int) -> int:
-    """Where a ``tier_hint: demote`` request stores: the deepest private tier below the
-    first (``entry`` when there is none: a stack of one tier, or a shared tier below)."""
-    t = len(stack) - 1
-    while t > 0 and stack[t].shared:
-        t -= 1
-    return max(t, entry)
+def on_new_request(
+    manager: CacheManager,
+    req_id: str,
+    tokens: Sequence[int],
+    *,
+    inputs: KeyInputs = NO_INPUTS,
+    hints: Hints = NO_HINTS,
+) -> None:
+    """A request arrived (before it is scheduled; vLLM's ``on_new_request``): keep its
+    hints, start its prefetch (:mod:`kvtier.stack.prefetch`). Costs nothing without hints
+    and with prefetch off or nothing below the first tier; otherwise the key computation
+    its first lookup would do anyway, and a lookup in each tier."""
+    arrivals = manager.arrivals
+    want = hints.prefetch_only or arrivals.prefetching()
+    if not want and hints is NO_HINTS:
+        return
+    req = manager._request(req_id, inputs)
+    req.hints = hints
+    if want and not req.unkeyable:
+        req.chain.update(tokens)
+        arrivals.prefetch.arrive(req_id, req.chain.keys)
 
 
 def _slots(index: object) -> int:

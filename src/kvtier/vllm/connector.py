@@ -49,7 +49,6 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
-from kvtier.hints import NO_HINTS, parse_hints
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
@@ -62,6 +61,7 @@ from kvtier.stack.stack import TierStack
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
+from kvtier.vllm.arrivals import ArrivalHooks
 from kvtier.vllm.events import ConnectorEvents, events_enabled
 from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups, sink_layers
 from kvtier.vllm.key_inputs import key_inputs
@@ -229,7 +229,7 @@ def _layer_order(regions: KVRegions | GroupedRegions) -> list[tuple[list[str], l
     return [(n, list(r)) for r, n in out.items()]
 
 
-class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
     keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
     block ids, :mod:`kvtier.transfer.groups`), refuses the layout at start, or (hybrid
@@ -287,22 +287,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return False  # a cache: a dropped store is a future miss
 
     # == scheduler side ===================================================================
-
-    def on_new_request(self, request: Request) -> None:
-        # Before scheduling: hints, and the prefetch of a slow-tier prefix
-        # (kvtier.stack.prefetch; docs/prefetch.md).
-        m = self.manager
-        if m is None:
-            return
-        hints = parse_hints(request.kv_transfer_params, m.metrics)
-        if hints is NO_HINTS and not m.prefetches():
-            return
-        m.on_new_request(
-            request.request_id,
-            request.all_token_ids,
-            inputs=self.setup.key_inputs(request),
-            hints=hints,
-        )
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int

@@ -53,7 +53,7 @@ from kvtier.hints import Hints
 from kvtier.jobs import JobResult, StepPlan, WorkerReport
 from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, ScheduledRequest
+from kvtier.manager import CacheManager, ScheduledRequest, on_new_request
 from kvtier.policies import eviction_names
 from kvtier.stack.build import build_stack
 from kvtier.stack.kinds import TierContext
@@ -175,7 +175,7 @@ def replay_index(
     """
     manager = _replay_manager(slots, eviction, min_seen, tiers, config)
     now = [0.0]
-    manager.retention.clock = lambda: now[0]
+    manager.arrivals.retention.clock = lambda: now[0]
     position = manager.stack.position
     n_tiers = len(slots)
     hit_blocks = [0] * n_tiers
@@ -187,7 +187,7 @@ def replay_index(
         req = trace.requests[i]
         now[0] = req.timestamp / 1000
         if hints and req.retain_s:
-            manager.on_new_request(req_id, (), hints=Hints(retain_s=req.retain_s))
+            on_new_request(manager, req_id, (), hints=Hints(retain_s=req.retain_s))
         hit = manager.lookup_keys(req_id, keys)
         assert hit is not None  # no tier here answers "not yet"
         for name, c0, c1 in hit.runs:

@@ -262,7 +262,8 @@ def set_prefetch(llm: Any, on: bool) -> None:
 
     conn = _connector(llm)
     if conn is not None and conn.manager is not None:
-        conn.manager.config = dataclasses.replace(conn.manager.config, prefetch=on)
+        m = conn.manager
+        m.config = m.arrivals.config = dataclasses.replace(m.config, prefetch=on)
 
 
 def evict(llm: Any, tier: str) -> None:
@@ -317,8 +318,8 @@ def inspect(llm: Any, keys: bool = False) -> dict[str, Any]:
         "pending_jobs": m.has_pending_jobs(),
         "requests": m.num_requests(),
         "pins": sum(e.pins for index in slot_tiers for e in index._entries.values()),
-        "leases": m.retention.leases(),
-        "prefetching": m.prefetch.active(),
+        "leases": m.arrivals.retention.leases(),
+        "prefetching": m.arrivals.prefetch.active(),
         "chunks": len(m.tiers[0].index),
         "tier_chunks": {t.name: len(t.index) for t in m.tiers},
         "preemptions": conn.preemptions,
