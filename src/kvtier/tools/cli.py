@@ -57,6 +57,7 @@ def _sim(args: argparse.Namespace) -> int:
         limit=args.limit,
         block_tokens=args.block_tokens,
         progress=not args.no_progress,
+        hints=not args.no_hints,
     )
     print(format_sim(result))
     rows = gap_rows(result, Path(trace).name)
@@ -314,6 +315,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
     s.add_argument("--json", default=None, metavar="PATH")
     s.add_argument("--no-progress", action="store_true")
+    s.add_argument(
+        "--no-hints",
+        action="store_true",
+        help="ignore the requests' retain_s hints (their 'kvtier' field; agentloop:retain_s=S "
+        "writes them): the same workload without retention",
+    )
     s.set_defaults(func=_sim)
 
     k = sub.add_parser("soak", help="mixed traffic with random faults against an oracle")

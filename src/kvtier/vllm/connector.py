@@ -61,6 +61,7 @@ from kvtier.stack.stack import TierStack
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
+from kvtier.vllm.arrivals import ArrivalHooks
 from kvtier.vllm.events import ConnectorEvents, events_enabled
 from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups, sink_layers
 from kvtier.vllm.key_inputs import key_inputs
@@ -228,7 +229,7 @@ def _layer_order(regions: KVRegions | GroupedRegions) -> list[tuple[list[str], l
     return [(n, list(r)) for r, n in out.items()]
 
 
-class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
     keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
     block ids, :mod:`kvtier.transfer.groups`), refuses the layout at start, or (hybrid
