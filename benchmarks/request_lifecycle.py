@@ -20,11 +20,13 @@ untimed, with keys computed apart (other objects than the request's own, as anot
 request's keys are).
 
 The baseline: vLLM's ``get_request_block_hasher`` over a real ``vllm.v1.request.Request``
-holding the same 128k tokens, with the engine's default prefix-caching hash (sha256 of the
-pickled block tuple) and 16-token blocks, after ``init_none_hash`` with that hash; what
-every request of a prefix-caching engine costs on the same thread. Also timed: kvtier's
-keys alone (``KeyChain.update`` over the prompt) and, to judge reusing the engine's block
-hashes as kvtier's keys, one keyed BLAKE3 over the engine's 32-byte block hashes.
+holding the same 128k tokens (built untimed), with the engine's default prefix-caching
+hash (sha256 of the pickled block tuple) and 16-token blocks, after ``init_none_hash``
+with that hash: what every request of a prefix-caching engine costs on the same thread.
+Also timed: kvtier's keys alone (``KeyChain.update`` over the prompt) and, to judge
+reusing the engine's block hashes as kvtier's keys, a keyed BLAKE3 chain over the engine's
+32-byte block hashes (one 96-byte message per block). Every iteration times all of them
+on the same prompt, one after the other, so a run's ratios see one machine load.
 """
 
 from __future__ import annotations
@@ -92,9 +94,10 @@ def new_manager(variant: str, tokens: list[int]) -> CacheManager:
     return CacheManager(config, LAYOUT, namespace, BLOCK_TOKENS, stack)
 
 
-def lifecycle(manager: CacheManager, tokens: list[int]) -> dict[str, int]:
+def lifecycle(
+    manager: CacheManager, tokens: list[int], clock: Callable[[], int] = time.perf_counter_ns
+) -> dict[str, int]:
     """The request's whole life (module docstring); nanoseconds per part."""
-    clock = time.perf_counter_ns
     n_tok = len(tokens)
     blocks = list(range(-(-n_tok // BLOCK_TOKENS)))
     t0 = clock()
@@ -115,30 +118,19 @@ def lifecycle(manager: CacheManager, tokens: list[int]) -> dict[str, int]:
     _report(manager, manager.build_step([]))
     t4 = clock()
     assert not manager.has_pending_jobs() and manager.num_requests() == 0
-    return {"total": t4 - t0, "lookup": t1 - t0, "load": t2 - t1, "steps": t3 - t2, "finish": t4 - t3}
+    return {
+        "total": t4 - t0,
+        "lookup": t1 - t0,
+        "load": t2 - t1,
+        "steps": t3 - t2,
+        "finish": t4 - t3,
+    }
 
 
-def measure_lifecycle(variant: str, iters: int, seed: int = 0) -> dict[str, Any]:
-    """Median per part of ``iters`` lifecycles, each on a fresh manager (setup untimed)."""
-    rng = random.Random(seed)
-    parts: dict[str, list[int]] = {}
-    for i in range(iters + 1):
-        tokens = [rng.randrange(49152) for _ in range(TOKENS + TAIL_TOKENS)]
-        manager = new_manager(variant, tokens)
-        gc.collect()
-        got = lifecycle(manager, tokens)
-        stored = len(manager.stack[0].index)
-        assert stored == TOKENS // CHUNK_TOKENS, (variant, stored)
-        if i == 0:
-            continue  # warm-up
-        for k, v in got.items():
-            parts.setdefault(k, []).append(v)
-    return {k: stats_ns(v) for k, v in parts.items()}
-
-
-def vllm_block_hasher() -> tuple[Callable[[list[int]], Any], str]:
-    """``hash(tokens)``: vLLM's block hashes of a request holding ``tokens`` (its default
-    prefix-caching hash, 16-token blocks), and the hash's name."""
+def vllm_block_hasher() -> tuple[Callable[[list[int]], Any], Callable[[Any], Any], str]:
+    """``(new_request, hash, name)``: a real ``vllm.v1.request.Request`` holding the given
+    tokens (built without block hashes), vLLM's block hasher of a request (its default
+    prefix-caching hash, 16-token blocks, ``init_none_hash`` done) and the hash's name."""
     from vllm.config.cache import CacheConfig
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -151,45 +143,55 @@ def vllm_block_hasher() -> tuple[Callable[[list[int]], Any], str]:
     hasher = get_request_block_hasher(BLOCK_TOKENS, fn)
     params = SamplingParams(max_tokens=1)
 
-    def run(tokens: list[int]) -> Any:
-        req = Request("r", tokens, params, None)
-        return hasher(req)
+    def new_request(tokens: list[int]) -> Any:
+        return Request("r", tokens, params, None)
 
-    return run, name
+    return new_request, hasher, name
 
 
-def measure_vllm_hash(iters: int, seed: int = 0) -> dict[str, Any]:
-    """vLLM's block hashing of a 128k-token prompt (median of ``iters``) and the same
-    prompt's kvtier keys alone, in alternate iterations (same machine load)."""
-    run, name = vllm_block_hasher()
+def measure_run(iters: int, seed: int = 0) -> dict[str, Any]:
+    """One run: per iteration, on the same fresh 128k-token prompt, vLLM's block hashing,
+    kvtier's keys alone, the keyed re-hash of vLLM's hashes, and one lifecycle of each
+    variant on a fresh manager (setup untimed); medians in microseconds, and per variant
+    the ratio of its median to vLLM's hashing median (same run, same load)."""
+    new_request, hasher, name = vllm_block_hasher()
     rng = random.Random(seed)
     tokens = [rng.randrange(49152) for _ in range(TOKENS + TAIL_TOKENS)]
     namespace = Namespace("HuggingFaceTB/SmolLM2-135M", LAYOUT.digest())
-    hashes = run(tokens)
+    hashes = hasher(new_request(tokens))
     assert len(hashes) == TOKENS // BLOCK_TOKENS
-    clock = time.perf_counter_ns
-    v: list[int] = []
-    k: list[int] = []
-    r: list[int] = []
     key = namespace.hash_key
     seed_digest = keyhash.keyed_hash(key, namespace.seed())
-    for _ in range(iters + 1):
-        gc.collect()
+    clock = time.perf_counter_ns
+    samples: dict[str, list[int]] = {}
+    parts: dict[str, dict[str, list[int]]] = {v: {} for v in VARIANTS}
+
+    def timed(name: str, fn: Callable[[], Any]) -> None:
         t0 = clock()
-        run(tokens)
-        t1 = clock()
-        chain = namespace.key_chain(CHUNK_TOKENS)
-        chain.update(tokens)
-        t2 = clock()
-        # Reusing the engine's hashes: keyed BLAKE3 of each (chained already).
-        keyhash.chain(key, seed_digest, b"".join(hashes), len(hashes[0]))
-        t3 = clock()
-        v.append(t1 - t0)
-        k.append(t2 - t1)
-        r.append(t3 - t2)
-    return {
-        "hash": name,
-        "vllm_block_hash": stats_ns(v[1:]),
-        "kvtier_keys": stats_ns(k[1:]),
-        "rekey_vllm_hashes": stats_ns(r[1:]),
-    }
+        fn()
+        samples.setdefault(name, []).append(clock() - t0)
+
+    for i in range(iters + 1):
+        managers = {v: new_manager(v, tokens) for v in VARIANTS}
+        request = new_request(tokens)
+        gc.collect()
+        timed("vllm_block_hash", lambda r=request: hasher(r))
+        timed("kvtier_keys", lambda: namespace.key_chain(CHUNK_TOKENS).update(tokens))
+        # Reusing the engine's hashes: one keyed BLAKE3 of each (they are chained already).
+        blob = b"".join(hashes)
+        width = len(hashes[0])
+        timed("rekey_vllm_hashes", lambda b=blob, w=width: keyhash.chain(key, seed_digest, b, w))
+        for v in VARIANTS:
+            got = lifecycle(managers[v], tokens)
+            assert len(managers[v].stack[0].index) == TOKENS // CHUNK_TOKENS, v
+            for k, ns in got.items():
+                parts[v].setdefault(k, []).append(ns)
+        if i == 0:  # warm-up
+            samples.clear()
+            parts = {v: {} for v in VARIANTS}
+    out: dict[str, Any] = {"hash": name, **{k: stats_ns(v) for k, v in samples.items()}}
+    vllm_us = out["vllm_block_hash"]["median_us"]
+    for v in VARIANTS:
+        out[v] = {k: stats_ns(x) for k, x in parts[v].items()}
+        out[v]["over_vllm_hash"] = out[v]["total"]["median_us"] / vllm_us
+    return out

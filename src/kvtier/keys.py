@@ -179,8 +179,9 @@ class KeyChain:
     """Keys of one token sequence, extended incrementally as tokens arrive.
 
     ``update`` hashes only chunks that became full since the last call (one native call
-    for all of them, from the token ids to the keys), so a request's keys cost O(new tokens) per step and are computed
-    once per request. ``seed``: any bytes (:meth:`Namespace.seed` for a request).
+    for all of them, from the token ids to the keys), so a request's keys cost O(new
+    tokens) per step and are computed once per request. ``seed``: any bytes
+    (:meth:`Namespace.seed` for a request).
     """
 
     __slots__ = ("_last", "chunk_tokens", "hash_key", "inputs", "keys", "seed")
@@ -207,8 +208,9 @@ class KeyChain:
         """Tokens covered by the keys so far."""
         return len(self.keys) * self.chunk_tokens
 
-    def update(self, tokens: Sequence[int]) -> int:
-        """Extend the chain over ``tokens`` (the whole sequence so far); return #new keys.
+    def update(self, tokens: Sequence[int], end: int | None = None) -> int:
+        """Extend the chain over ``tokens[:end]`` (the whole sequence so far, or its first
+        ``end`` tokens); return #new keys.
 
         ``tokens`` must extend the sequence seen before (same prefix); only the part after
         the last full chunk is read. Token ids must lie in [0, 2**32) (ValueError).
@@ -216,7 +218,8 @@ class KeyChain:
         c = self.chunk_tokens
         base = len(self.keys)
         start = base * c
-        n_new = (len(tokens) - start) // c
+        n_tok = len(tokens) if end is None else min(end, len(tokens))
+        n_new = (n_tok - start) // c
         if n_new <= 0:
             return 0
         extras = self._extras(base, n_new) if self.inputs.per_chunk else None
