@@ -90,7 +90,10 @@ class CacheManager:
         num_workers: int = 1,
         metrics: Metrics | None = None,
         defer_on_inflight_loads: bool = True,
+        sync_loads: bool = True,
     ) -> None:
+        """``sync_loads=False``: every hit loads asynchronously (see
+        :attr:`kvtier.stack.loads.LoadPlanner.sync_loads`)."""
         self.config = config
         self.layout = layout
         self.namespace = namespace
@@ -104,7 +107,14 @@ class CacheManager:
         self.jobs = JobTable(num_workers)
         self.movement = Movement(stack, self.jobs, self.metrics)
         self.loads = LoadPlanner(
-            config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
+            config,
+            layout,
+            stack,
+            self.jobs,
+            self.metrics,
+            self.chunk_tokens,
+            block_tokens,
+            sync_loads=sync_loads,
         )
         self.budget = self.loads.budget
         self.recent_hit_sources = self.loads.recent_hit_sources
@@ -167,6 +177,11 @@ class CacheManager:
             self.admission.observe(keys)
             for tier in self.stack.tiers:
                 tier.index.observe(keys)
+        if req.load_failed_at is not None:
+            keys = keys[: req.load_failed_at]  # never claim a chunk that failed to load
+            if len(keys) <= first:
+                req.hit = None
+                return Hit(num_computed, num_computed, ())
         found = self.stack.lookup(keys, first)
         if found is None:
             self.deferred += 1
@@ -352,7 +367,7 @@ class CacheManager:
         assert result is not None
         failed = result.ok.count(False)
         if job.kind == "load":
-            self.loads.finished(job, result)
+            self.loads.finished(job, result, self._reqs.get(job.req_id))
         else:
             dst = job.dst_tier if job.kind == "copy" else job.tier
             if job.kind == "copy":

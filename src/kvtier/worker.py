@@ -86,6 +86,7 @@ class WorkerSide:
         self._results: list[JobResult] = []
         self._idle = False
         self._load_errors: set[int] = set()
+        self._failed_reqs: set[str] = set()
         self._t_begin = 0.0
         self._load_seconds = 0.0
         self._forward_seconds = 0.0
@@ -204,12 +205,15 @@ class WorkerSide:
                 if not ok:
                     failed += blocks
             self._load_errors.update(failed)
+            self._failed_reqs.add(job.req_id)
             timeline.event("worker.load_failed", job=r.job_id, req=job.req_id, blocks=failed)
 
     # -- results ---------------------------------------------------------------------------
 
     def transfer_results(self) -> tuple[set[str], set[str]]:
-        """``(finished sending, finished receiving)`` request ids, vLLM's get_finished."""
+        """``(finished sending, finished receiving)`` request ids, vLLM's get_finished.
+        A request whose async load failed is among those receiving, once all its loads
+        ended; :meth:`failed_requests` then names it."""
         self._finish_layered()  # vLLM may defer end_forward (a draft model's forward)
         if self._idle:
             self._idle = False
@@ -232,9 +236,24 @@ class WorkerSide:
         return sending, recving
 
     def load_errors(self) -> set[int]:
-        """Engine block ids whose load failed since the last call."""
+        """Engine block ids whose load failed since the last call (block-level failure
+        reporting, for engines with one KV-cache group)."""
         self._finish_layered()
         out, self._load_errors = self._load_errors, set()
+        self._failed_reqs.clear()
+        return out
+
+    def failed_requests(self, finished: set[str]) -> set[str]:
+        """Of ``finished`` (request ids :meth:`transfer_results` just reported as done
+        receiving), those with a failed load chunk: vLLM recomputes them from scratch
+        (request-level failure reporting, for engines with several KV-cache groups, where
+        block ids do not name a request). Each failure is reported once. Failures of
+        requests not in ``finished`` are kept until they are; block-level errors of the
+        same chunks are dropped (:meth:`load_errors` is not asked in that mode)."""
+        self._finish_layered()
+        out = self._failed_reqs & finished
+        self._failed_reqs -= out
+        self._load_errors.clear()
         return out
 
     def report(self) -> WorkerReport:

@@ -39,3 +39,7 @@ class RequestState:
     observed: bool = False
     unkeyable: bool = False
     """Its inputs include a kind chunk keys cannot cover: never loaded nor stored."""
+    load_failed_at: int | None = None
+    """The first chunk of this request whose load failed: its later lookups stop before
+    it, so a hit that cannot load (a planted value, a flaky disk, a timeout) is never
+    claimed twice by the same request and cannot loop it through reschedules."""

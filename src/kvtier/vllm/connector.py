@@ -23,8 +23,11 @@ Step timeline on a worker:
   ``TransferEngine.inline_stores``);
 - ``get_finished``: async loads done (``finished_recving``), finished requests whose blocks
   kvtier held until their stores ran (``finished_sending``);
-- ``get_block_ids_with_load_errors``: engine blocks whose load failed; vLLM recomputes them
-  (kvtier sets ``kv_load_failure_policy="recompute"``: a cache miss is never an error).
+- ``get_transfer_results``: ``get_finished``'s sets, and with several KV-cache groups the
+  requests whose load failed (``failed_recving``: vLLM recomputes each from scratch);
+- ``get_block_ids_with_load_errors``: with one KV-cache group, the engine blocks whose
+  load failed; vLLM recomputes from the first of them (kvtier sets
+  ``kv_load_failure_policy="recompute"``: a cache miss is never an error).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -111,6 +115,12 @@ class _Setup:
         self.codec = BlockIdCodec(self.groups.num_groups, kv_cache_config.num_blocks)
         """Per-group block ids <-> the one id per position the manager and jobs carry."""
         self.grouped = self.groups.num_groups > 1 or self.groups.frees_blocks
+        self.request_failures = self.groups.num_groups > 1
+        """Failed loads are reported per request (``failed_recving``: vLLM recomputes it
+        from scratch), not per block: with several KV-cache groups a block id does not name
+        a request, and vLLM 0.32 stops the engine on block-level reports. Loads are then
+        all asynchronous, since only a request still waiting for its KV can be sent back
+        to recompute (a sync load's failure would be found after the forward used it)."""
         self.block_tokens = vllm_config.cache_config.block_size
         self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens)
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
@@ -257,6 +267,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 stack,
                 num_workers=s.world_size,
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
+                sync_loads=not s.request_failures,
             )
             if events_enabled(vllm_config):
                 self.events = ConnectorEvents(
@@ -504,9 +515,21 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         timeline.event("worker.get_finished", recving=sorted(recving))
         return sending or None, recving or None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving = self.get_finished(finished_req_ids)
+        out = KVConnectorTransferResults(set(sending or ()), set(recving or ()))
+        if self.worker is not None and self.setup.request_failures:
+            out.failed_recving = self.worker.failed_requests(out.finished_recving)
+            if out.failed_recving:
+                log.warning(
+                    "kvtier: load failed for %d request(s); vLLM recomputes them",
+                    len(out.failed_recving),
+                )
+        return out
+
     def get_block_ids_with_load_errors(self) -> set[int]:
-        if self.worker is None:
-            return set()
+        if self.worker is None or self.setup.request_failures:
+            return set()  # reported per request in get_transfer_results
         failed = self.worker.load_errors()
         return self.setup.codec.real_blocks(list(failed)) if self.setup.grouped else failed
 
