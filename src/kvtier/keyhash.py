@@ -38,21 +38,6 @@ _ZERO = bytes(DIGEST_BYTES)
 
 class _Native:
     def __init__(self, lib: ctypes.CDLL, pylib: ctypes.PyDLL) -> None:
-        # Through PyDLL: it builds Python objects, so it must run holding the GIL (it
-        # releases it while hashing) and its exceptions propagate.
-        self._keys = pylib.kvt_keys
-        self._keys.restype = ctypes.py_object
-        self._keys.argtypes = [
-            ctypes.py_object,
-            ctypes.c_ssize_t,
-            ctypes.c_ssize_t,
-            ctypes.c_ssize_t,
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_ssize_t,
-        ]
         self._chain = lib.kvt_chain
         self._chain.restype = ctypes.c_int
         self._chain.argtypes = [
@@ -64,6 +49,23 @@ class _Native:
             ctypes.c_char_p,
             ctypes.c_void_p,
         ]
+        # Through PyDLL: it builds Python objects, so it must run holding the GIL (it
+        # releases it while hashing) and its exceptions propagate. A library built before
+        # it existed still serves the chain.
+        self._keys = getattr(pylib, "kvt_keys", None)
+        if self._keys is not None:
+            self._keys.restype = ctypes.py_object
+            self._keys.argtypes = [
+                ctypes.py_object,
+                ctypes.c_ssize_t,
+                ctypes.c_ssize_t,
+                ctypes.c_ssize_t,
+                ctypes.c_char_p,
+                ctypes.c_void_p,
+                ctypes.c_char_p,
+                ctypes.c_char_p,
+                ctypes.c_ssize_t,
+            ]
 
     def chain(self, key: bytes, prev: bytes, data: bytes, step: int, extras: bytes | None) -> bytes:
         n = len(data) // step
@@ -84,6 +86,7 @@ class _Native:
         tag: bytes | None,
         base: int,
     ) -> list[bytes]:
+        assert self._keys is not None
         buf = (ctypes.c_char * DIGEST_BYTES).from_buffer(last)
         out: list[bytes] = self._keys(tokens, start, n, chunk, key, buf, extras, tag, base)
         return out
@@ -123,7 +126,8 @@ def chain_python(
 def native_keys() -> _Native | None:
     """The native implementation (its ``keys`` is :meth:`kvtier.keys.KeyChain.update`'s
     one-call path), or None when the package path runs."""
-    return _native()
+    native = _native()
+    return native if native is not None and native._keys is not None else None
 
 
 def chain(key: bytes, prev: bytes, data: bytes, step: int, extras: bytes | None = None) -> bytes:
