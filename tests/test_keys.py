@@ -281,3 +281,11 @@ def test_native_keys_refuse_what_is_not_a_token_id():
     import numpy as np
 
     assert chunk_keys([np.int64(7)] * 16, 16, SEED) == chunk_keys([7] * 16, 16, SEED)
+
+
+def test_the_written_out_public_hash_key_is_the_derived_one():
+    # keys.py spells it out so importing kvtier needs no blake3; it must stay the KDF's.
+    from kvtier import keyhash
+    from kvtier.keys import HASH_KEY_CONTEXT
+
+    assert keyhash.derive_key(HASH_KEY_CONTEXT, b"") == PUBLIC_HASH_KEY

@@ -92,8 +92,6 @@ class CacheManager:
         defer_on_inflight_loads: bool = True,
         sync_loads: bool = True,
     ) -> None:
-        """``sync_loads=False``: every hit loads asynchronously (see
-        :attr:`kvtier.stack.loads.LoadPlanner.sync_loads`)."""
         self.config = config
         self.layout = layout
         self.namespace = namespace
@@ -107,15 +105,9 @@ class CacheManager:
         self.jobs = JobTable(num_workers)
         self.movement = Movement(stack, self.jobs, self.metrics)
         self.loads = LoadPlanner(
-            config,
-            layout,
-            stack,
-            self.jobs,
-            self.metrics,
-            self.chunk_tokens,
-            block_tokens,
-            sync_loads=sync_loads,
+            config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
         )
+        self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
         self.recent_hit_sources = self.loads.recent_hit_sources
         """The last requests' hit sources (inspection and tests)."""
@@ -166,7 +158,7 @@ class CacheManager:
         if req.unkeyable:
             return Hit(num_computed, num_computed, ())
         req.chain.update(tokens)
-        keys = req.chain.keys
+        keys = req.claimable(req.chain.keys)
         c = self.chunk_tokens
         first = num_computed // c
         if len(keys) <= first:
@@ -177,11 +169,6 @@ class CacheManager:
             self.admission.observe(keys)
             for tier in self.stack.tiers:
                 tier.index.observe(keys)
-        if req.load_failed_at is not None:
-            keys = keys[: req.load_failed_at]  # never claim a chunk that failed to load
-            if len(keys) <= first:
-                req.hit = None
-                return Hit(num_computed, num_computed, ())
         found = self.stack.lookup(keys, first)
         if found is None:
             self.deferred += 1

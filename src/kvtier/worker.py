@@ -26,8 +26,9 @@ Per step, in the engine's order:
    remote load took 2.4 s behind 1,280 empty steps, 0.58 s without them) and learn of the
    load one step late.
 
-Loading layer by layer (``layers`` given; host-memory KV and CPU-tier row copies only,
-see :meth:`kvtier.transfer.engine.TransferEngine.submit_layered`): the engine writes this
+Loading layer by layer (``layers`` given; CPU-tier loads of one KV-cache group only, see
+:meth:`kvtier.transfer.engine.TransferEngine.submit_layered`; on device KV each layer is
+reported whole once the copy stream finished it): the engine writes this
 step's new KV into the cache before the attention of the same layer runs, and that
 attention is where the engine waits for the layer (vLLM's CPU backend updates the cache
 in an op of its own, ahead of the attention op the connector's wait wraps). The only
@@ -44,6 +45,7 @@ Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 
@@ -51,6 +53,8 @@ from kvtier import timeline
 from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.layered import LayeredLoad
+
+log = logging.getLogger("kvtier")
 
 IDLE_WAIT_SECONDS = 0.25
 """The longest an idle step waits for an async load to finish. Bounds how late a request
@@ -254,6 +258,8 @@ class WorkerSide:
         out = self._failed_reqs & finished
         self._failed_reqs -= out
         self._load_errors.clear()
+        if out:
+            log.warning("kvtier: loads failed for %d request(s); they recompute", len(out))
         return out
 
     def report(self) -> WorkerReport:

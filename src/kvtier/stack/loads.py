@@ -34,11 +34,9 @@ class LoadPlanner:
         metrics: Metrics,
         chunk_tokens: int,
         block_tokens: int,
-        *,
-        sync_loads: bool = True,
     ) -> None:
         self.layout = layout
-        self.sync_loads = sync_loads
+        self.sync_loads = True
         """Whether any hit may load within the step. Off for engines that can only be told
         of a failed load per request, before it runs (vLLM with several KV-cache groups:
         a failed sync load there could not be undone)."""

@@ -229,13 +229,10 @@ def _layer_order(regions: KVRegions | GroupedRegions) -> list[tuple[list[str], l
 
 
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
-    """Tiered KV offloading for vLLM (see the module docstring).
-
-    ``SupportsHMA``: vLLM keeps its hybrid KV-cache manager on, and kvtier serves every
-    KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`), refuses the
-    layout at start, or (hybrid recurrent-state models) runs with offload off
-    (:mod:`kvtier.vllm.groups`).
-    """
+    """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
+    keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
+    block ids, :mod:`kvtier.transfer.groups`), refuses the layout at start, or (hybrid
+    recurrent-state models) runs with offload off (:mod:`kvtier.vllm.groups`)."""
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -520,11 +517,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         out = KVConnectorTransferResults(set(sending or ()), set(recving or ()))
         if self.worker is not None and self.setup.request_failures:
             out.failed_recving = self.worker.failed_requests(out.finished_recving)
-            if out.failed_recving:
-                log.warning(
-                    "kvtier: load failed for %d request(s); vLLM recomputes them",
-                    len(out.failed_recving),
-                )
         return out
 
     def get_block_ids_with_load_errors(self) -> set[int]:
