@@ -6,18 +6,20 @@ engine process appends to PATH; each mode is one process) and the run's
 sources), in any mode. For each mode and each cold request, its TTFT (``runner.add`` to
 ``runner.first_token``) is split over the engine steps it spans:
 
-- ``sched``: from a step's start to the worker's ``start_load`` (scheduling, kvtier's
-  lookups and plan included);
-- ``loads``: the worker's ``start_loads`` (sync loads of other requests, flushes, async
-  loads queued; ``worker.loads_done``);
-- ``forward``: from there to ``wait_for_save``;
-- ``after``: from ``wait_for_save`` to the step's end (stores run there before they
-  were moved to the next step's start; sampling and output);
-- ``stores``: stores kept from the previous step and run at this step's start
-  (``worker.stores``), inside ``sched``;
+- ``sched``: from a step's start to the worker's ``bind`` (scheduling: kvtier's lookups
+  and ``build_connector_meta`` included);
+- ``stores``: stores kept from the previous step, run at ``bind`` (``worker.stores``);
+- ``loads``: the worker's ``start_loads`` (``worker.loads_done``: sync loads, flushes,
+  async loads queued; vLLM 0.32 calls it before the forward only when the step has sync
+  loads, after it otherwise);
+- ``forward``: the rest from ``bind`` to ``wait_for_save`` (the model);
+- ``after``: from ``wait_for_save`` to the step's end (stores ran there before they
+  moved to the next step's start; the transfer results, sampling, output);
 - ``copies``: time kvtier's copy threads ran (``copy.start`` .. ``copy.end`` off the
-  engine's thread) while the step's forward ran;
+  engine's thread) during the step;
 - ``queued``: from the request's arrival to the start of the first step it is in.
+
+A baseline engine has no worker events: its whole step counts as ``forward``.
 
 Sums per mode over the cold requests, and each mode's difference to the baseline.
 Run: ``.venv/bin/python benchmarks/cold_timeline.py TIMELINE REQUESTS_JSON [--json PATH]``.
@@ -50,31 +52,30 @@ def read(path: str) -> dict[int, list[dict[str, Any]]]:
 
 
 def steps_of(evs: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Each engine step's phases (seconds) from the runner's and the worker's events."""
+    """Each engine step's marks (times) and kvtier's durations in it (seconds)."""
     steps: list[dict[str, float]] = []
     cur: dict[str, float] | None = None
     copies: dict[int, float] = {}
     for e in evs:
         ev = e["ev"]
+        if ev == "copy.start" and e.get("thread", "").startswith("kvtier-"):
+            copies[e["job"]] = e["t"]
+        elif ev == "copy.end" and e["job"] in copies:
+            t0 = copies.pop(e["job"])
+            if cur is not None:
+                cur["copies"] = cur.get("copies", 0.0) + e["t"] - max(t0, cur["start"])
         if ev == "runner.step_start":
             cur = {"start": e["t"]}
         elif cur is None:
             continue
+        elif ev == "worker.bind":
+            cur["bind"] = e["t"]
         elif ev == "worker.stores":
             cur["stores"] = cur.get("stores", 0.0) + e.get("seconds", 0.0)
-        elif ev == "worker.start_load":
-            cur["start_load"] = e["t"]
         elif ev == "worker.loads_done":
-            cur["loads_done"] = e["t"]
+            cur["loads"] = cur.get("loads", 0.0) + e.get("seconds", 0.0)
         elif ev == "worker.wait_for_save":
             cur["save"] = e["t"]
-        elif ev == "copy.start" and e.get("thread", "").startswith("kvtier-"):
-            copies[e["job"]] = e["t"]
-        elif ev == "copy.end" and e["job"] in copies:
-            t0 = copies.pop(e["job"])
-            if "start_load" in cur:  # overlap with this step's forward so far
-                lo = max(t0, cur.get("loads_done", cur["start_load"]))
-                cur["copies"] = cur.get("copies", 0.0) + max(0.0, e["t"] - lo)
         elif ev == "runner.step_end":
             cur["end"] = e["t"]
             steps.append(cur)
@@ -83,16 +84,17 @@ def steps_of(evs: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def split(step: dict[str, float]) -> dict[str, float]:
+    """A step's phases in seconds (module docstring)."""
     s, end = step["start"], step["end"]
-    sl = step.get("start_load", s)
-    ld = step.get("loads_done", sl)
-    sv = step.get("save", ld)
+    if "bind" not in step or "save" not in step:  # no kvtier in this engine
+        return {"sched": 0.0, "stores": 0.0, "loads": 0.0, "forward": end - s, "after": 0.0}
+    stores, loads = step.get("stores", 0.0), step.get("loads", 0.0)
     return {
-        "sched": sl - s,
-        "stores": step.get("stores", 0.0),
-        "loads": ld - sl,
-        "forward": sv - ld,
-        "after": end - sv,
+        "sched": step["bind"] - s,
+        "stores": stores,
+        "loads": loads,
+        "forward": step["save"] - step["bind"] - stores - loads,
+        "after": end - step["save"],
         "copies": step.get("copies", 0.0),
     }
 
