@@ -226,11 +226,16 @@ class CacheManager:
     # -- steps -----------------------------------------------------------------------------
 
     def build_step(
-        self, scheduled: Iterable[ScheduledRequest], preempted: Iterable[str] = ()
+        self,
+        scheduled: Iterable[ScheduledRequest],
+        preempted: Iterable[str] = (),
+        batch: int | None = None,
     ) -> StepPlan:
         """The plan for this step: loads accepted since the last step, stores of chunks
         this step completes, copies between tiers, flushes for preempted requests, block
-        releases."""
+        releases. ``batch``: requests the engine scheduled in the step (default: those in
+        ``scheduled``; a caller may leave out those :meth:`store_due` says have nothing to
+        store)."""
         self.steps += 1
         plan = StepPlan(
             loads=self.loads.pending, stores=self._finish_stores, release=self._pending_release
@@ -250,9 +255,23 @@ class CacheManager:
                 plan.flush.extend(j for j in req.jobs if self.jobs.kind_of(j) == "store")
         if self.budget.used:
             self.metrics.observe("sync_budget_used_bytes", self.budget.used)
-        self.budget.begin_step(n_batch + 1)
+        self.budget.begin_step((n_batch if batch is None else batch) + 1)
         self.metrics.set("sync_budget_bytes", self.budget.limit)
         return plan
+
+    def store_due(self, req_id: str, limit: int) -> bool:
+        """Whether a step ending with ``limit`` of the request's tokens computed (prompt
+        tokens only) may store something; False means :meth:`build_step` would plan no
+        store for it, so the caller need not gather its blocks. O(1): by prefix closure the
+        entry tier holds the chain up to chunk ``n`` when it holds chunk ``n``."""
+        req = self._reqs.get(req_id)
+        if req is None:
+            return True
+        n = limit // self.chunk_tokens
+        if req.unkeyable or n <= 0:
+            return False
+        keys = req.chain.keys
+        return len(keys) < n or not self.stack[req.entry].index.has(keys[n - 1])
 
     def _plan_store(
         self, req_id: str, tokens: Sequence[int], limit: int, block_ids: Sequence[int]
@@ -266,18 +285,19 @@ class CacheManager:
         n_full = min(limit // c, len(block_ids) // bpc)
         if n_full <= 0:
             return []
-        req.chain.update(tokens[: n_full * c])
-        keys = req.chain.keys[:n_full]
+        chain = req.chain
+        if len(chain.keys) < n_full:
+            chain.update(tokens, n_full * c)
         t = req.entry if req.hints.tier_hint != "demote" else demote_entry(self.stack, req.entry)
         tier = self.stack[t]
-        present = tier.index.stored_len(keys)
+        # Only this step's new chunks are copied out: a 128k-token prefill stores over
+        # many steps, and each step's work stays O(its chunks), not O(the chain).
+        present = tier.index.stored_len(chain.keys, n_full)
         if present >= n_full:
             return []
-        todo = keys[present:]
-        admitted = 0
-        while admitted < len(todo) and self.admission.admit(todo[admitted]):
-            admitted += 1
-        todo = todo[:admitted]
+        keys = chain.keys
+        todo = keys[present:n_full]
+        todo = todo[: self.admission.admit_run(todo)]
         if len(self.stack) == 1:  # a next tier takes what this one stores: store it all
             todo = todo[: tier.index.policy.admit_chain(todo)]  # type: ignore[attr-defined]
         parent = keys[present - 1] if present else None

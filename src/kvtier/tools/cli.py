@@ -254,6 +254,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=24, help="output tokens per request")
     b.add_argument("--doc-tokens", type=int, default=600, help="document length in tokens")
     b.add_argument("--trace", default=None, help="Mooncake-format JSONL for --workload trace")
+    b.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each workload per mode (caches reset between); statistics over all",
+    )
     b.add_argument("--out", default="bench-results", help="directory for results.json and plots")
     b.add_argument(
         "--server",

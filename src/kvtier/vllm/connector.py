@@ -330,9 +330,16 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         assert self.manager is not None and self._kv_cache_manager is not None
         scheduled = []
         num_sched = scheduler_output.num_scheduled_tokens
+        batch = 0
         for req_id, n in num_sched.items():
             request = self._requests.get(req_id)
             if request is None:
+                continue
+            batch += 1
+            # Most steps of a running request store nothing (decode): skip gathering its
+            # block ids, which vLLM builds as a new list per call (O(its blocks)).
+            limit = min(request.num_computed_tokens + n, request.num_prompt_tokens)
+            if not self.manager.store_due(req_id, limit):
                 continue
             block_ids = self.setup.codec.encode(self._kv_cache_manager.get_block_ids(req_id))
             scheduled.append(
@@ -346,7 +353,7 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
             )
         preempted = scheduler_output.preempted_req_ids or ()
         self.preemptions += len(preempted)
-        plan = self.manager.build_step(scheduled, preempted)
+        plan = self.manager.build_step(scheduled, preempted, batch=batch)
         plan.idle = scheduler_output.total_num_scheduled_tokens == 0
         if timeline.enabled():
             timeline.event(

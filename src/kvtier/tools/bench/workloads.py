@@ -216,3 +216,15 @@ def next_ready(
                 continue
             return pending.pop(i)
     return None
+
+
+def repetition(requests: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Run ``k`` of a workload's requests: ids (and the ids a request extends) get
+    ``#k``, so the runs' requests stay apart in the results and in the engine."""
+    out = []
+    for r in requests:
+        r = {**r, "id": f"{r['id']}#{k}"}
+        if r.get("extend"):
+            r["extend"] = f"{r['extend']}#{k}"
+        out.append(r)
+    return out
