@@ -37,3 +37,18 @@ def test_seen_count_admission():
     adm.observe([b"z"])
     assert adm.admit(b"z")
     assert make_admission_policy(1).admit(b"anything")
+
+
+def test_admit_run_follows_a_subclass_that_overrides_admit_alone():
+    """A policy that only overrides ``admit`` (the runner's refuse-all, a plugin's) must
+    not be bypassed by the run path the store planner uses."""
+    from kvtier.policies.admission import AdmissionPolicy
+
+    class EveryOther(AdmissionPolicy):
+        def admit(self, key: bytes) -> bool:
+            return key[0] % 2 == 0
+
+    keys = [bytes([i]) for i in (0, 2, 4, 5, 6)]
+    assert EveryOther().admit_run(keys) == 3
+    assert EveryOther().admit_run(keys[:3]) == 3
+    assert AdmissionPolicy().admit_run(keys) == 5

@@ -325,6 +325,8 @@ class CacheManager:
             entry = self.jobs.answer(result)
             if entry is not None:
                 self._finish_job(entry)
+        if report.results:  # leases hold a chain's new chunks as soon as their stores land
+            self.arrivals.retention.step()
 
     def _finish_job(self, entry: JobEntry) -> None:
         job, result = entry.job, entry.result

@@ -25,8 +25,12 @@ class AdmissionPolicy:
 
     def admit_run(self, keys: Sequence[Key]) -> int:
         """How many leading ``keys`` :meth:`admit` would take, stopping at its first refusal
-        (O(1) when every chunk is admitted)."""
-        return len(keys)
+        (O(1) when ``admit`` is this class's, which takes every chunk). A subclass that
+        overrides only ``admit`` gets the key-by-key answer, never a wrong one."""
+        if type(self).admit is AdmissionPolicy.admit:
+            return len(keys)
+        refused = next(compress(count(), (not self.admit(k) for k in keys)), None)
+        return len(keys) if refused is None else refused
 
 
 class SeenCountAdmission(AdmissionPolicy):

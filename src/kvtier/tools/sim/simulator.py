@@ -184,9 +184,11 @@ def replay_index(
     for i, keys in enumerate(trace.keys):
         req_id = f"r{i}"
         ntok = trace.tokens[i]
-        req = trace.requests[i]
-        now[0] = req.timestamp / 1000
-        if hints and req.retain_s:
+        # Traces built from key lists alone (tests, bounds) carry no request records.
+        req = trace.requests[i] if i < len(trace.requests) else None
+        if req is not None:
+            now[0] = req.timestamp / 1000
+        if hints and req is not None and req.retain_s:
             on_new_request(manager, req_id, (), hints=Hints(retain_s=req.retain_s))
         hit = manager.lookup_keys(req_id, keys)
         assert hit is not None  # no tier here answers "not yet"
