@@ -77,6 +77,9 @@ class WorkerSide:
         self._results: list[JobResult] = []
         self._idle = False
         self._load_errors: set[int] = set()
+        self.failed_requests: set[str] = set()
+        """Requests with a failed load since the caller last emptied it (engines that
+        take load failures per request, not per block)."""
         self._t_begin = 0.0
         self._load_seconds = 0.0
         self._forward_seconds = 0.0
@@ -182,6 +185,7 @@ class WorkerSide:
                 if not ok:
                     failed += blocks
             self._load_errors.update(failed)
+            self.failed_requests.add(job.req_id)
             timeline.event("worker.load_failed", job=r.job_id, req=job.req_id, blocks=failed)
 
     # -- results ---------------------------------------------------------------------------

@@ -39,26 +39,45 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
-from kvtier.config import KVTierConfig
+from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.jobs import StepPlan
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, ScheduledRequest, knows, resolve_chunk_tokens
+from kvtier.manager import (
+    CacheManager,
+    ScheduledRequest,
+    chain_keys,
+    knows,
+    resolve_chunk_tokens,
+    set_hit,
+)
 from kvtier.metrics import Metrics
 from kvtier.stack.build import build_stack, build_stores, tier_files
 from kvtier.stack.kinds import TierContext
+from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import TierStack
+from kvtier.stack.states import StateCache, split_specs
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
+from kvtier.transfer.states import StateMover
 from kvtier.vllm.events import ConnectorEvents, events_enabled
 from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups, sink_layers
+from kvtier.vllm.hybrid import (
+    HybridWorker,
+    attention_ids,
+    boundary_offers,
+    state_bytes,
+    state_pages,
+)
 from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
@@ -106,18 +125,29 @@ class _Setup:
         assert vllm_config.kv_transfer_config is not None
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.config = KVTierConfig.from_dict(extra)
-        self.groups = read_groups(kv_cache_config, cpu=_on_cpu(), sinks=sink_layers(vllm_config))
+        par = vllm_config.parallel_config
+        self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
+        self.groups = read_groups(
+            kv_cache_config, cpu=_on_cpu(), sinks=sink_layers(vllm_config), world=self.world_size
+        )
         self.layout = self.groups.layout
-        self.codec = BlockIdCodec(self.groups.num_groups, kv_cache_config.num_blocks)
-        """Per-group block ids <-> the one id per position the manager and jobs carry."""
-        self.grouped = self.groups.num_groups > 1 or self.groups.frees_blocks
+        self.states = bool(self.groups.state_groups) and not self.groups.recurrent
+        """Recurrent states are stored and restored (hybrid models kvtier can serve)."""
+        self.codec = BlockIdCodec(self.groups.attention_groups, kv_cache_config.num_blocks)
+        """Per-group block ids <-> the one id per position the manager and jobs carry
+        (attention groups only: states go their own path)."""
+        self.grouped = self.groups.attention_groups > 1 or self.groups.frees_blocks
         self.block_tokens = vllm_config.cache_config.block_size
         self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens)
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
         self.chunk_bytes = self.layout.chunk_bytes(self.chunk_tokens)
-        par = vllm_config.parallel_config
+        self.specs = self.config.tier_specs()
+        self.state_specs: tuple[TierSpec, ...] = ()
+        self.state_bytes = 0
+        if self.states:
+            self.specs, self.state_specs = split_specs(self.config)
+            self.state_bytes = state_bytes(kv_cache_config, self.groups.state_groups)
         model = vllm_config.model_config
-        self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
         self.namespace = Namespace(
             model=f"{model.model}@{model.revision or ''}",
             layout_digest=self.layout.digest(),
@@ -128,11 +158,21 @@ class _Setup:
 
     def key_inputs(self, request: Request) -> KeyInputs:
         """The request's key inputs; unkeyable (never a hit nor a store) for every request
-        of a hybrid recurrent-state model, whose hits would lack the state."""
+        of a hybrid recurrent-state model whose states kvtier cannot serve."""
         inputs = key_inputs(request)
         if self.groups.recurrent and not inputs.unkeyable:
             return dataclasses.replace(inputs, unkeyable=RECURRENT)
         return inputs
+
+    def state_context(self, rank: int = 0) -> TierContext:
+        """The recurrent states' tiers: one state (one block per recurrent group) a slot."""
+        return TierContext(
+            self.state_bytes, self.namespace.for_rank(rank), 1, world=self.world_size
+        )
+
+    def attention(self, per_group: Any) -> Any:
+        """The attention groups' block lists of vLLM's per-group lists."""
+        return attention_ids(per_group, self.groups.state_groups)
 
     def context(
         self, rank: int = 0, row_bytes: tuple[int, ...] = (), chunk_bytes: int = 0
@@ -157,6 +197,13 @@ class _Setup:
 def _log_start(s: _Setup, stack: TierStack) -> None:
     if s.groups.recurrent:
         log.warning("%s", s.groups.recurrent)
+    elif s.states:
+        log.info(
+            "kvtier: hybrid model: recurrent states of %d bytes per chunk boundary, in "
+            "their own slots (state_share %.2f of each tier)",
+            s.state_bytes,
+            s.config.state_share,
+        )
     log.info(
         "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
         s.namespace.chain_digest().hex(),
@@ -183,7 +230,8 @@ def _regions(
         KVRegions.from_tensors(
             {n: kv_caches[n] for n in g.layer_names if n in kv_caches}, kvc.num_blocks, dims
         )
-        for g in kvc.kv_cache_groups
+        for i, g in enumerate(kvc.kv_cache_groups)
+        if i not in s.groups.state_groups
     ]
     return GroupedRegions(per_group, s.codec)
 
@@ -223,7 +271,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     ``SupportsHMA``: vLLM keeps its hybrid KV-cache manager on, and kvtier serves every
     KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`), refuses the
-    layout at start, or (hybrid recurrent-state models) runs with offload off
+    layout at start; hybrid recurrent-state models get their recurrent states stored and
+    restored with the attention chunks (:mod:`kvtier.vllm.hybrid`), or run with offload off
     (:mod:`kvtier.vllm.groups`).
     """
 
@@ -238,6 +287,10 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             raise
         self.manager: CacheManager | None = None
         self.worker: WorkerSide | None = None
+        self.states: StateCache | None = None
+        """Scheduler side of recurrent states (hybrid models kvtier serves)."""
+        self.hybrid: HybridWorker | None = None
+        """Worker side of recurrent states."""
         self.events: ConnectorEvents | None = None
         """Tier events for KV-aware routers; only while the engine publishes KV events."""
         self._requests: dict[str, Request] = {}
@@ -248,9 +301,12 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         """Everything reported since start (the interval metrics go to vLLM's stats)."""
         if role == KVConnectorRole.SCHEDULER:
             s = self.setup
-            stack = build_stack(s.config, s.context())
+            stack = build_stack(s.config, s.context(), s.specs)
+            config = s.config
+            if s.states:  # states cannot load within the step (module kvtier.vllm.hybrid)
+                config = dataclasses.replace(config, sync_budget=SyncBudget("off"))
             self.manager = CacheManager(
-                s.config,
+                config,
                 s.layout,
                 s.namespace,
                 s.block_tokens,
@@ -258,6 +314,18 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 num_workers=s.world_size,
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
             )
+            if s.states:
+                self.states = StateCache(
+                    s.config,
+                    s.layout,
+                    s.namespace,
+                    build_stack(s.config, s.state_context(), s.state_specs),
+                    s.groups.state_groups,
+                    s.chunk_tokens,
+                    s.block_tokens,
+                    num_workers=s.world_size,
+                    metrics=self.manager.metrics,
+                )
             if events_enabled(vllm_config):
                 self.events = ConnectorEvents(
                     self.manager,
@@ -292,6 +360,12 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         )
         if hit is None:
             return None, False
+        if self.states is not None and hit.tokens > 0:
+            keys = chain_keys(self.manager, request.request_id)
+            hit = self.states.trim(request.request_id, hit, keys, request.num_tokens)
+            if hit is None:
+                return None, False
+            set_hit(self.manager, request.request_id, hit)
         if self.events is not None:
             self.events.looked_up(request)
         n, is_async = self.manager.plan_load(request.request_id, hit, request.num_tokens)
@@ -307,8 +381,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests[req_id] = request
         is_async = self._planned_async.pop(req_id, False)
         if num_external_tokens > 0:
-            block_ids = self.setup.codec.encode(blocks.get_block_ids())
+            per_group = blocks.get_block_ids()
+            block_ids = self.setup.codec.encode(self.setup.attention(per_group))
             self.manager.on_allocated(req_id, block_ids, num_external_tokens, sync=not is_async)
+            if self.states is not None:
+                self.states.allocated(req_id, per_group, num_external_tokens)
 
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
@@ -325,7 +402,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             request = self._requests.get(req_id)
             if request is None:
                 continue
-            block_ids = self.setup.codec.encode(self._kv_cache_manager.get_block_ids(req_id))
+            per_group = self._kv_cache_manager.get_block_ids(req_id)
+            block_ids = self.setup.codec.encode(self.setup.attention(per_group))
             scheduled.append(
                 ScheduledRequest(
                     req_id,
@@ -339,6 +417,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self.preemptions += len(preempted)
         plan = self.manager.build_step(scheduled, preempted)
         plan.idle = scheduler_output.total_num_scheduled_tokens == 0
+        states = None
+        if self.states is not None:
+            states = self._state_step(scheduler_output)
         if timeline.enabled():
             timeline.event(
                 "sched.step",
@@ -358,7 +439,20 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 self.manager.budget.used,
                 self.manager.budget.limit,
             )
-        return KVTierMetadata(plan)
+        return KVTierMetadata(plan, states)
+
+    def _state_step(self, scheduler_output: SchedulerOutput) -> StepPlan:
+        """Offer this step's boundary states to the state cache; its plan for the step."""
+        assert self.states is not None and self.manager is not None
+        for req_id, offers in boundary_offers(scheduler_output).items():
+            request = self._requests.get(req_id)
+            if request is None:
+                continue
+            top = max(b for _, _, b in offers)
+            keys = chain_keys(self.manager, req_id, request.all_token_ids[:top])
+            for group, block, boundary in offers:
+                self.states.offer(req_id, group, block, boundary, keys)
+        return self.states.build_step()
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self.manager is not None
@@ -367,6 +461,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             timeline.event("sched.output", recving=sorted(connector_output.finished_recving or ()))
         if isinstance(meta, KVTierWorkerMetadata):
             self.manager.on_report(meta.report)
+            if self.states is not None and meta.states is not None:
+                self.states.cache.on_report(meta.states)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -377,8 +473,10 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self.manager is not None
-        ids = self.setup.codec.encode(block_ids)
+        ids = self.setup.codec.encode(self.setup.attention(block_ids))
         req_id = request.request_id
+        if self.states is not None:
+            self.states.forget(req_id)
         self._planned_async.pop(req_id, None)
         delay = self.manager.request_finished(
             req_id, request.all_token_ids, request.num_computed_tokens, ids
@@ -393,6 +491,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         # the scheduler (and the chunks become hits) even when no request is running.
         if self.events is not None and self.events.pending():
             return True  # events left over by a bounded take: publish them on later steps
+        if self.states is not None and self.states.cache.has_pending_jobs():
+            return True
         return self.manager is not None and self.manager.has_pending_jobs()
 
     def take_events(self) -> Iterable[KVCacheEvent]:
@@ -400,6 +500,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return self.events.take() if self.events is not None else ()
 
     def reset_cache(self) -> bool | None:
+        if self.states is not None:
+            self.states.cache.reset()
         return self.manager.reset() if self.manager is not None else None
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
@@ -433,6 +535,10 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if s.groups.recurrent:
             return  # offload off (the scheduler logged why): no regions, no tier memory
         kvc = self._kv_cache_config
+        if s.states:
+            self.hybrid = self._register_states(kv_caches)
+            names = {n for i in s.groups.state_groups for n in kvc.kv_cache_groups[i].layer_names}
+            kv_caches = {n: t for n, t in kv_caches.items() if n not in names}
         dims = require_dims(declared_block_dims(self._vllm_config, kvc, kv_caches))
         regions = _regions(s, kvc, kv_caches, dims)
         slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
@@ -457,6 +563,18 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             f"layer by layer ({len(layers)} layers)" if layers else "before the forward",
         )
 
+    def _register_states(self, kv_caches: dict[str, torch.Tensor]) -> HybridWorker:
+        s, kvc = self.setup, self._kv_cache_config
+        pages = state_pages(kvc, s.groups.state_groups, kv_caches)
+        stores = build_stores(s.config, s.state_context(_tp_rank()), s.state_specs)
+        log.info(
+            "kvtier worker: recurrent states of %d bytes (%d layers in %d groups)",
+            s.state_bytes,
+            sum(len(g) for g in pages),
+            len(pages),
+        )
+        return HybridWorker(StateMover(pages, stores))
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self.worker is not None and isinstance(kv_connector_metadata, KVTierMetadata):
             self.worker.flush(kv_connector_metadata.plan.flush)
@@ -470,11 +588,15 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None and isinstance(connector_metadata, KVTierMetadata):
             timeline.event("worker.bind", loads=len(connector_metadata.plan.loads))
             self.worker.begin_step(connector_metadata.plan)
+            if self.hybrid is not None:
+                self.hybrid.begin_step(connector_metadata.plan, connector_metadata.states)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self.worker is not None:
             timeline.event("worker.start_load")
             self.worker.start_loads()
+            if self.hybrid is not None:
+                self.hybrid.mover.start_loads()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self.worker is not None:
@@ -489,6 +611,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None:
             timeline.event("worker.wait_for_save")
             self.worker.end_forward()
+            if self.hybrid is not None:
+                self.hybrid.mover.end_forward()  # offers hold only until the step ends
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.worker is None:
@@ -497,18 +621,36 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         timeline.event("worker.get_finished", recving=sorted(recving))
         return sending or None, recving or None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        if self.hybrid is None or self.worker is None:
+            return super().get_transfer_results(finished_req_ids)
+        # Several KV-cache groups: vLLM takes load failures per request only, and a
+        # request's receive is whole when its attention chunks and its state are.
+        sending, recving = self.worker.transfer_results()
+        failed_attn, self.worker.failed_requests = self.worker.failed_requests, set()
+        self.worker.load_errors()  # reported per request instead (failed_recving)
+        done, failed = self.hybrid.results(recving, failed_attn)
+        timeline.event("worker.get_finished", recving=sorted(done), failed=sorted(failed))
+        return KVConnectorTransferResults(sending, done, failed)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         if self.worker is None:
             return set()
+        if self.hybrid is not None:
+            return set()  # per request: get_transfer_results
         failed = self.worker.load_errors()
         return self.setup.codec.real_blocks(list(failed)) if self.setup.grouped else failed
 
     def build_connector_worker_meta(self) -> KVTierWorkerMetadata | None:
         if self.worker is None:
             return None
-        return KVTierWorkerMetadata(self.worker.report())
+        states = self.hybrid.mover.report() if self.hybrid is not None else None
+        return KVTierWorkerMetadata(self.worker.report(), states)
 
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        if self.hybrid is not None:
+            self.hybrid.mover.close()
+            self.hybrid = None
