@@ -240,5 +240,19 @@ class StateCache:
         self._offers.clear()
         return plan
 
+    def drop(self, keys: Sequence[Key], from_tokens: int) -> int:
+        """Forget the states of the chain ``keys`` at every chunk boundary from
+        ``from_tokens`` on, in every tier that holds them (tests and operators: what a
+        lost state looks like); how many were held."""
+        c = self.chunk_tokens
+        n = 0
+        for k in range(max(1, -(-from_tokens // c)), len(keys) + 1):
+            skey = state_key(keys[k - 1])
+            for tier in self.stack.tiers:
+                if not tier.shared and tier.index.has(skey):
+                    tier.index.invalidate(skey)
+                    n += 1
+        return n
+
     def forget(self, req_id: str) -> None:
         self._hits.pop(req_id, None)

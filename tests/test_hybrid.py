@@ -1,0 +1,171 @@
+"""Hybrid recurrent-state models on a real engine: kvtier stores the recurrent state at
+the chunk boundaries vLLM offers and hits restore attention KV and state together.
+
+The model is the tiny Qwen3-Next of :mod:`kvtier.tools.tiny_models` (gated delta net +
+full attention, bf16, weights re-initialised at a scale where outputs depend on the whole
+prompt: the baseline's outputs for two prompts that end alike differ, asserted), on vLLM's
+CPU backend with prefix caching on (Mamba "align" mode, 96-token blocks here). Every run
+serves round 1 (kvtier stores), resets the engine's own prefix cache, and serves round 2,
+whose hits must come from kvtier: exactly the longest boundary whose state was stored
+(asserted in tokens), and outputs token-identical to the engine without kvtier.
+
+Prompts (``d0``, ``d1``, ``d2``: random documents; B = 96):
+
+- ``a = d0[:300]``: state at 288 (vLLM keeps the state at ``floor((P - 1) / B) * B``);
+- ``b = d0[:200]``: shares part of ``a``'s prefix; its own state at 192;
+- ``c = d0[:250] + d2[:50]``: shares 250 tokens with ``a``; state at 288 of its own chain;
+- ``d = d1[:60]``: shorter than one block, never a hit;
+- ``e = d1[:400]``: state at 384;
+- ``f = d1[:350]`` (round 2 only): ``e``'s attention chunks cover 288 tokens of it, but
+  no state lies at or below 288 on that chain: the hit ends between boundaries, at zero.
+
+Negative runs: the states' tier fails every read (every hit of round 2 is claimed, its
+load fails, the request recomputes: identical outputs); states dropped before round 2
+(``a``'s at 288: ``a`` falls back to ``b``'s state at 192 on the same chain; ``e``'s all:
+zero, with its attention chunks present).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from tests.test_models import ENGINE, ENGINE_FOR, outputs, run_specs
+
+pytestmark = pytest.mark.vllm
+
+B = 96
+"""vLLM's block size for the tiny Qwen3-Next with prefix caching on (the attention block
+enlarged until a gated-delta-net state fits a page)."""
+
+
+def _prompts() -> dict[str, list[int]]:
+    rng = random.Random(7)
+    d0, d1, d2 = ([rng.randrange(3, 512) for _ in range(400)] for _ in range(3))
+    return {
+        "a": d0[:300],
+        "b": d0[:200],
+        "c": d0[:250] + d2[:50],
+        "d": d1[:60],
+        "e": d1[:400],
+        "f": d1[:350],
+        "g": d2[:284] + d0[284:300],  # ends like a: the sensitivity check
+    }
+
+
+ROUND1 = ("a", "b", "c", "d", "e", "g")
+ROUND2 = ("a", "b", "c", "d", "e", "f", "g")
+CONNECTOR = {"cpu_bytes": "64MiB"}
+
+
+def _phase_of(name: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    p = _prompts()
+    reqs = [
+        {"id": f"{name}-{k}", "prompt": p[k], "max_tokens": 8, "ignore_eos": True} for k in keys
+    ]
+    return {"op": "serve", "name": name, "requests": reqs, "max_concurrency": 1}
+
+
+def _program(drop: bool = False) -> list[dict[str, Any]]:
+    p = _prompts()
+    prog = [_phase_of("r1", ROUND1)]
+    if drop:
+        prog += [
+            {"op": "drain"},
+            {"op": "drop_states", "prompt": p["a"], "from": 288},
+            {"op": "drop_states", "prompt": p["e"], "from": 1},
+        ]
+    return [*prog, {"op": "reset_prefix_cache"}, _phase_of("r2", ROUND2)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    tmp = tmp_path_factory.mktemp("hybrid")
+    build = (
+        "import sys; from kvtier.tools.tiny_models import build; build('qwen3_next', sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", build, str(tmp / "m")], check=True, timeout=600)
+    engine = ENGINE | ENGINE_FOR["qwen3_next"]
+
+    def spec(conn: dict[str, Any] | None, drop: bool = False) -> dict[str, Any]:
+        return {
+            "model": str(tmp / "m"),
+            "engine": engine,
+            "connector": conn,
+            "inspect": conn is not None,
+            "program": _program(drop),
+        }
+
+    failing = CONNECTOR | {"fault_injection": {"states": {"fail_all_reads": True}}}
+    return run_specs(
+        tmp,
+        {
+            "base": spec(None),
+            "cpu": spec(CONNECTOR),
+            "failed": spec(failing),
+            "dropped": spec(CONNECTOR, drop=True),
+        },
+    )
+
+
+def _external(result: dict[str, Any], phase: int) -> dict[str, int]:
+    reqs = result["ops"][phase]["requests"]
+    return {r["id"].split("-")[1]: sum(r["hit_sources"].values()) for r in reqs}
+
+
+def _cached(result: dict[str, Any], phase: int) -> dict[str, int]:
+    return {r["id"].split("-")[1]: r["num_cached"] for r in result["ops"][phase]["requests"]}
+
+
+def _names(phase: int) -> tuple[str, ...]:
+    return ROUND1 if phase == 0 else ROUND2
+
+
+def test_baseline_depends_on_whole_prompt(runs):
+    base = outputs(runs["base"])
+    r1 = dict(zip(ROUND1, base[0], strict=True))
+    assert r1["a"] != r1["g"], "outputs do not depend on more than the prompt's tail"
+    r2 = dict(zip(ROUND2, base[1], strict=True))
+    assert all(r2[k] == r1[k] for k in ROUND1), "the baseline is not deterministic"
+
+
+def test_cpu_tier_hits_exact_state_boundaries_token_identical(runs):
+    kv = runs["cpu"]
+    assert outputs(kv) == outputs(runs["base"])
+    hits = {k: v for k, v in zip(ROUND2, _cached(kv, 1).values(), strict=True)}
+    # Every round-2 prompt resumes at the longest boundary whose state kvtier stored,
+    # from kvtier or from what round 2 loaded before it into the engine's own cache.
+    assert hits == {"a": 288, "b": 192, "c": 288, "d": 0, "e": 384, "f": 0, "g": 288}, hits
+    ext = {k: v for k, v in zip(ROUND2, _external(kv, 1).values(), strict=True)}
+    assert ext == {"a": 288, "b": 192, "c": 96, "d": 0, "e": 384, "f": 0, "g": 288}, ext
+    # Round 1: c's prefix is b's (local cache, state at 192); nothing else hits.
+    assert _external(kv, 0) == dict.fromkeys(ROUND1, 0)
+    st = kv["kvtier"]["states"]
+    assert st["stored"] >= 5 and st["tier_states"]["cpu"] >= 5, st
+    assert not st["pending_jobs"]
+    values = kv["kvtier"]["metrics"]["values"]
+    assert "unkeyable_requests" not in values, values
+
+
+def test_failed_state_loads_recompute_token_identical(runs):
+    kv = runs["failed"]
+    assert outputs(kv) == outputs(runs["base"])
+    # The hits were claimed (the lookup found the states) and their loads failed.
+    assert sum(_external(kv, 1).values()) >= 288 + 384, _external(kv, 1)
+    failures = kv["kvtier"]["metrics"]["values"].get("failures", [])
+    assert sum(n for labels, n in failures if labels[-1] == "load") >= 3, failures
+
+
+def test_dropped_states_fall_back_to_earlier_boundary_or_zero(runs):
+    kv = runs["dropped"]
+    assert outputs(kv) == outputs(runs["base"])
+    assert kv["dropped_states"][0] == 1 and kv["dropped_states"][1] == 1, kv["dropped_states"]
+    ext = {k: v for k, v in zip(ROUND2, _external(kv, 1).values(), strict=True)}
+    assert ext["a"] == 192, ext  # b's state on a's chain; a's own at 288 is gone
+    assert ext["e"] == 0 and ext["f"] == 0, ext  # e's attention chunks alone give nothing
+    assert kv["kvtier"]["tier_chunks"]["cpu"] > 0
