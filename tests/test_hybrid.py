@@ -28,10 +28,12 @@ zero, with its attention chunks present).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.test_models import ENGINE, ENGINE_FOR, outputs, run_specs
+
+from test_models import ENGINE, ENGINE_FOR, outputs, run_specs
 
 pytestmark = pytest.mark.vllm
 
@@ -67,8 +69,14 @@ def _phase_of(name: str, keys: tuple[str, ...]) -> dict[str, Any]:
     return {"op": "serve", "name": name, "requests": reqs, "max_concurrency": 1}
 
 
-def _program(drop: bool = False) -> list[dict[str, Any]]:
+def _program(drop: bool = False, rounds: str = "12") -> list[dict[str, Any]]:
+    """Round 1, then (``drop``) the dropped states, the reset, round 2; ``rounds`` "1":
+    round 1 and a drain only (the first of two engines), "2": round 2 only (the second)."""
     p = _prompts()
+    if rounds == "1":
+        return [_phase_of("r1", ROUND1), {"op": "drain"}]
+    if rounds == "2":
+        return [_phase_of("r2", ROUND2)]
     prog = [_phase_of("r1", ROUND1)]
     if drop:
         prog += [
@@ -80,9 +88,11 @@ def _program(drop: bool = False) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     import subprocess
     import sys
+
+    from kvtier.tools.redis_server import RedisServer
 
     tmp = tmp_path_factory.mktemp("hybrid")
     build = (
@@ -91,30 +101,44 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     subprocess.run([sys.executable, "-c", build, str(tmp / "m")], check=True, timeout=600)
     engine = ENGINE | ENGINE_FOR["qwen3_next"]
 
-    def spec(conn: dict[str, Any] | None, drop: bool = False) -> dict[str, Any]:
+    def spec(conn: dict[str, Any] | None, drop: bool = False, rounds: str = "12") -> dict[str, Any]:
         return {
             "model": str(tmp / "m"),
             "engine": engine,
             "connector": conn,
             "inspect": conn is not None,
-            "program": _program(drop),
+            "program": _program(drop, rounds),
         }
 
     failing = CONNECTOR | {"fault_injection": {"states": {"fail_all_reads": True}}}
-    return run_specs(
-        tmp,
-        {
-            "base": spec(None),
-            "cpu": spec(CONNECTOR),
-            "failed": spec(failing),
-            "dropped": spec(CONNECTOR, drop=True),
-        },
-    )
+    cpu = {"kind": "cpu", "capacity": "64MiB"}
+    disk = {"tiers": [cpu, {"kind": "disk", "path": str(tmp / "disk"), "capacity": "64MiB"}]}
+    with RedisServer() as server:
+        remote = {"tiers": [cpu, {"kind": "redis", "url": server.url, "timeout_ms": 3000}]}
+        yield run_specs(
+            tmp,
+            {
+                "base": spec(None),
+                "cpu": spec(CONNECTOR),
+                "failed": spec(failing),
+                "dropped": spec(CONNECTOR, drop=True),
+                # A second engine on the first one's disk files (a restart)...
+                "disk1": spec(disk, rounds="1"),
+                "disk2": spec(disk, rounds="2"),
+                # ... and on the Redis server the first one stored into.
+                "redis1": spec(remote, rounds="1"),
+                "redis2": spec(remote, rounds="2"),
+            },
+        )
 
 
 def _external(result: dict[str, Any], phase: int) -> dict[str, int]:
     reqs = result["ops"][phase]["requests"]
     return {r["id"].split("-")[1]: sum(r["hit_sources"].values()) for r in reqs}
+
+
+def _sources(result: dict[str, Any], phase: int) -> set[str]:
+    return {s for r in result["ops"][phase]["requests"] for s in r["hit_sources"]}
 
 
 def _cached(result: dict[str, Any], phase: int) -> dict[str, int]:
@@ -168,3 +192,23 @@ def test_dropped_states_fall_back_to_earlier_boundary_or_zero(runs):
     assert ext["a"] == 192, ext  # b's state on a's chain; a's own at 288 is gone
     assert ext["e"] == 0 and ext["f"] == 0, ext  # e's attention chunks alone give nothing
     assert kv["kvtier"]["tier_chunks"]["cpu"] > 0
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "source"), [("disk1", "disk2", "disk"), ("redis1", "redis2", "p2p")]
+)
+def test_second_engine_hits_states_from_disk_and_redis(runs, first, second, source):
+    """A restarted engine (disk files) and a second engine (the Redis server) hit what the
+    first stored, states included, at the same boundaries as the CPU tier's round 2."""
+    base = outputs(runs["base"])
+    assert outputs(runs[first])[0] == base[0]
+    kv = runs[second]
+    assert outputs(kv)[0] == base[1]
+    assert _cached(kv, 0) == _cached(runs["cpu"], 1), _cached(kv, 0)
+    ext = _external(kv, 0)
+    assert ext["a"] == 288 and ext["e"] == 384 and ext["d"] == ext["f"] == 0, ext
+    # a's chunks and state come from the second tier; later prompts may find the
+    # attention chunks a's load filled into the (empty) CPU tier: host.
+    first = kv["ops"][0]["requests"][0]
+    assert first["hit_sources"] == {source: 288}, first
+    assert source in _sources(kv, 0) <= {source, "host"}, _sources(kv, 0)

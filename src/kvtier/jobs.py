@@ -12,6 +12,11 @@ from typing import Literal
 
 JobKind = Literal["load", "store", "copy"]
 
+MISSING = -2
+"""The slot of a load whose chunk left its tier between the lookup and the job (a
+recurrent state evicted by a store of the same step): the worker fails it, and the
+request recomputes."""
+
 
 @dataclass(slots=True)
 class TransferJob:

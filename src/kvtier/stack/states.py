@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import blake3
 
 from kvtier.config import KVTierConfig, state_faults
-from kvtier.jobs import StepPlan, TransferJob
+from kvtier.jobs import MISSING, StepPlan, TransferJob
 from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager
@@ -126,8 +126,9 @@ class StateCache:
         )
         self.stack = stack
         self._stores: list[TransferJob] = []
-        self._hits: dict[str, tuple[int, Key]] = {}
-        """Request -> (chunk count of its hit, state key): from lookup to allocation."""
+        self._hits: dict[str, tuple[int, Key, int]] = {}
+        """Request -> (chunk count of its hit, state key, tier position it was found in):
+        from lookup to allocation."""
         self._offers: dict[tuple[str, int], _Offer] = {}
         self.stored_offers = 0
         """Boundary states planned for storing (inspection and tests)."""
@@ -155,7 +156,7 @@ class StateCache:
             if found is None:
                 return None
             if found:
-                self._hits[req_id] = (k, skey)
+                self._hits[req_id] = (k, skey, found[0][0])
                 self.recent_hits.append((req_id, k * c))
                 runs = tuple((t, a, min(b, k)) for t, a, b in hit.runs if a < k)
                 return Hit(start, k * c, runs)
@@ -169,20 +170,21 @@ class StateCache:
         got = self._hits.pop(req_id, None)
         if got is None or accepted <= 0:
             return
-        k, skey = got
+        k, skey, t = got
         pos = k * self.chunk_tokens // self.block_tokens - 1
         blocks = [group_blocks[g][pos] for g in self.groups]
-        found = self.stack.lookup([skey], 0) or []
-        if not found:  # gone since the lookup: the load fails into a recompute
-            t = 0
-        else:
-            t = found[0][0]
         tier = self.stack[t]
-        job = TransferJob(
-            0, req_id, "load", tier.name, False, [skey], tier.index.chain_slots([skey]), blocks
-        )
+        if tier.shared:
+            slots = [-1]  # key-addressed
+        elif tier.index.has(skey) and tier.index.is_ready(skey):
+            slots = tier.index.chain_slots([skey])
+        else:
+            # Evicted since the lookup (by a store of the same step): no slot to read,
+            # the worker fails the load and the request recomputes.
+            slots = [MISSING]
+        job = TransferJob(0, req_id, "load", tier.name, False, [skey], slots, blocks)
         jobs = self.cache.jobs
-        jobs.add(job, jobs.hold(tier.index, skey))
+        jobs.add(job, jobs.hold(tier.index, skey) if slots != [MISSING] else [])
         self.cache.loads.pending.append(job)
         self.cache.metrics.inc("loads", 1, tier.name, "async")
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
+from kvtier.jobs import MISSING, JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.tiers.base import SlotStore
 
 
@@ -62,9 +62,11 @@ class StateMover:
         for job in self._plan.loads:
             t0 = time.perf_counter()
             try:
-                ok = self.stores[job.tier].read(
-                    job.slots, job.keys, [self._segments(job.block_ids)]
-                )
+                if job.slots == [MISSING]:
+                    ok = [False]  # gone from its tier since the lookup
+                else:
+                    dst = [self._segments(job.block_ids)]
+                    ok = self.stores[job.tier].read(job.slots, job.keys, dst)
             except Exception:  # a tier error is a miss: the request recomputes
                 ok = [False]
             self._finish(job, ok, t0)
