@@ -32,6 +32,7 @@ import dataclasses
 import os
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import blake3
 
@@ -44,6 +45,7 @@ from kvtier.metrics import Metrics
 from kvtier.stack.requests import Hit
 from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import TierStack
+from kvtier.tiers.base import IndexListener, TierIndex
 
 _TAG = b"kvtier-recurrent-state\x00"
 
@@ -80,6 +82,42 @@ def split_specs(config: KVTierConfig) -> tuple[tuple[TierSpec, ...], tuple[TierS
     if faults is not None and states:
         states[0] = dataclasses.replace(states[0], faults=faults)
     return tuple(attn), tuple(states)
+
+
+class _DropStates:
+    """Listener on an attention tier's index: a chunk that leaves it takes the state
+    keyed from it out of the state tier at the same position (a state without its
+    attention prefix is never a hit, and would only hold a slot); then tells the listener
+    that was there before, if any."""
+
+    def __init__(self, states: TierIndex, before: IndexListener | None) -> None:
+        self.states = states
+        self.before = before
+
+    def ready_run(self, keys: list[Key]) -> None:
+        if self.before is not None:
+            self.before.ready_run(keys)
+
+    def unready(self, key: Key) -> None:
+        if self.before is not None:
+            self.before.unready(key)
+
+    def removed(self, key: Key) -> None:
+        self.states.invalidate(state_key(key))
+        if self.before is not None:
+            self.before.removed(key)
+
+
+def link_eviction(attention: TierStack, states: TierStack) -> None:
+    """Tie each state tier to its attention tier (same position, same spec): a state
+    lives no longer than the chunk that ends at its boundary there. Shared tiers evict on
+    their own and are left alone (a lookup needs both anyway)."""
+    for a, s in zip(attention.tiers, states.tiers, strict=True):
+        if a.shared or s.shared:
+            continue
+        index: Any = a.index
+        if hasattr(index, "listener"):
+            index.listener = _DropStates(s.index, index.listener)
 
 
 @dataclasses.dataclass
@@ -207,9 +245,10 @@ class StateCache:
         del self._offers[(req_id, boundary)]
         skey = state_key(keys[boundary // c - 1])
         entry = self.cache.stack[0]
-        found = self.stack.lookup([skey], 0)
-        if found or found is None or entry.shared:
-            self.skipped_offers += 1  # present (or being probed): nothing to store
+        if entry.shared or entry.index.has(skey):
+            # Held already (the tiers below got it through their edges when it was stored;
+            # a shared tier's probe may still be out, and must not hold a store back).
+            self.skipped_offers += 1
             return
         slots, demotions = self.cache.movement.reserve(0, [skey], None, req_id)
         self._stores += demotions

@@ -64,7 +64,7 @@ from kvtier.stack.build import build_stack, build_stores, tier_files
 from kvtier.stack.kinds import TierContext
 from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import TierStack
-from kvtier.stack.states import StateCache, split_specs
+from kvtier.stack.states import StateCache, link_eviction, split_specs
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
@@ -334,6 +334,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                     s.block_tokens,
                     remote=s.config.events_remote,
                 )
+            if self.states is not None:  # after the events: it keeps their listeners
+                link_eviction(stack, self.states.stack)
             kvt = self._kv_transfer_config
             if kvt.kv_load_failure_policy != "recompute":
                 # A tier miss or failed copy must mean "recompute", never a failed request.
