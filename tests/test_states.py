@@ -160,3 +160,27 @@ def test_offers_off_boundary_or_incomplete_are_not_stored():
     assert states.skipped_offers == 2 and states.stored_offers == 0
     states.offer("r", 2, 4, 2 * C, keys)  # the next step's offer alone: incomplete
     assert states.build_step().stores == []
+
+
+def test_a_request_is_received_once_both_sides_are_and_failed_if_either_failed():
+    """The worker's combination of the attention and state sides of a hybrid hit (what
+    vLLM's ``get_transfer_results`` gets): finished once both finished, failed (and
+    finished) if either failed."""
+    from kvtier.jobs import StepPlan, TransferJob
+    from kvtier.vllm.hybrid import HybridWorker
+
+    mover = StateMover([[torch.zeros(4, 8, dtype=torch.uint8)]], {})
+    w = HybridWorker(mover)
+
+    def load(req: str) -> TransferJob:
+        return TransferJob(0, req, "load", "cpu", False, [b"k"], [0], [1])
+
+    w.begin_step(
+        StepPlan(loads=[load("a"), load("b"), load("c")]), StepPlan(loads=[load("a"), load("b")])
+    )
+    mover._recving = {"a"}  # the state side of a is done first
+    assert w.results(set(), set()) == (set(), set())
+    assert w.results({"a", "c"}, set()) == ({"a", "c"}, set())  # c had no state load
+    mover._recving, mover._failed = {"b"}, {"b"}
+    assert w.results(set(), set()) == (set(), set())  # b's attention still loading
+    assert w.results({"b"}, set()) == ({"b"}, {"b"})
