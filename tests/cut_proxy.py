@@ -7,6 +7,10 @@ and is then cut: the client's socket is closed at once (its sends and reads fail
 broken network), and the server's is half-closed after those N bytes (FIN, never a reset
 that could drop bytes the server has not read yet), so the server sees exactly N bytes and
 then the end of the connection. ``recorded`` keeps what each connection forwarded.
+
+With ``stall_over = N`` set, a server->client read of N bytes or more (a value's payload,
+not a probe's one-line answer) is held for ``stall_seconds`` before it is forwarded: a
+link that answers small commands and times out on data, as a congested one does.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 
 class CutProxy:
@@ -21,6 +26,11 @@ class CutProxy:
         self.upstream = upstream
         self.cut_after: int | None = None
         """Client->server bytes a connection forwards before it is cut (None: never)."""
+        self.stall_over: int | None = None
+        """Server->client reads of at least this many bytes are held (None: never)."""
+        self.stall_seconds = 0.0
+        self.stalled = 0
+        """Reads held so far."""
         self.recorded: list[bytearray] = []
         """Per connection, in accept order: the client->server bytes forwarded."""
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -92,6 +102,9 @@ class CutProxy:
                 data = up.recv(1 << 16)
                 if not data:
                     break
+                if self.stall_over is not None and len(data) >= self.stall_over:
+                    self.stalled += 1
+                    time.sleep(self.stall_seconds)
                 with contextlib.suppress(OSError):
                     client.sendall(data)
         except OSError:

@@ -50,6 +50,7 @@ class Req:
     sync_hit: int = 0
     async_hit: int = 0
     sources: dict = field(default_factory=dict)
+    failed_loads: int = 0
 
 
 class MiniEngine:
@@ -63,7 +64,12 @@ class MiniEngine:
         seed=0,
         disk_dir=None,
         disk_chunks=64,
+        request_failures=False,
     ):
+        """``request_failures``: behave as vLLM with several KV-cache groups: every hit
+        loads async, and a request whose load failed is sent back to the waiting queue with
+        nothing computed and its blocks freed, to be looked up again (``failed_recving``)."""
+        self.request_failures = request_failures
         self.bt = block_tokens
         self.kv = [
             torch.zeros(num_blocks, HEADS, block_tokens, HD2, dtype=torch.int16)
@@ -98,7 +104,14 @@ class MiniEngine:
             )
         self.config = config
         ctx = TierContext(self.chunk_bytes, ns, bpc, rank_dirs=False)
-        self.manager = CacheManager(config, layout, ns, block_tokens, build_stack(config, ctx))
+        self.manager = CacheManager(
+            config,
+            layout,
+            ns,
+            block_tokens,
+            build_stack(config, ctx),
+            sync_loads=not request_failures,
+        )
         regions = KVRegions.from_tensors(self.kv, num_blocks)
         assert regions.chunk_bytes(bpc) == self.chunk_bytes
         ctx = dataclasses.replace(ctx, row_bytes=tuple(regions.row_bytes))
@@ -173,7 +186,7 @@ class MiniEngine:
         w = self.worker
         w.begin_step(plan)
         w.start_loads()
-        errors = w.load_errors()
+        errors = set() if self.request_failures else w.load_errors()
         for r in scheduled:
             bad = [i for i, b in enumerate(r.blocks) if b in errors]
             if bad and bad[0] * self.bt < r.computed:
@@ -186,7 +199,17 @@ class MiniEngine:
             r.computed = len(r.tokens)
         w.end_forward()
         sending, recving = w.transfer_results()
-        errors |= w.load_errors()
+        if self.request_failures:
+            for rid in w.failed_requests(recving):
+                # vLLM (_handle_failed_recving): recompute from scratch, after a new lookup.
+                r = self.reqs[rid]
+                self.free.extend(r.blocks)
+                r.blocks, r.computed, r.async_hit, r.waiting_load = [], 0, 0, False
+                self.recomputed += 1
+                r.failed_loads += 1
+                recving.discard(rid)
+        else:
+            errors |= w.load_errors()
         m.on_report(w.report())
         # vLLM: failed blocks truncate every request still waiting for its async load at
         # once, whether or not its load finished in this step (a request whose load is

@@ -229,3 +229,11 @@ def test_prompt_embeds_key_their_chunks():
     assert all(x != y for x, y in zip(a, b, strict=True))
     assert a == keys_with(KeyInputs(embeds_tokens=40, embeds_digest=digest_of(b"a")), toks)
     assert a != keys_with(KeyInputs(), toks)
+
+
+def test_the_written_out_public_hash_key_is_the_derived_one():
+    # keys.py spells it out so importing kvtier needs no blake3; it must stay the KDF's.
+    from kvtier import keyhash
+    from kvtier.keys import HASH_KEY_CONTEXT
+
+    assert keyhash.derive_key(HASH_KEY_CONTEXT, b"") == PUBLIC_HASH_KEY

@@ -7,12 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtier.jobs import StepPlan, TransferJob
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer import KVRegions, TransferEngine
-from kvtier.transfer.plans import split_last_block
+from kvtier.transfer.layered import LayeredLoad
+from kvtier.transfer.plans import run_plan, split_last_block, split_segments
 from kvtier.worker import WorkerSide
 
 BLOCKS, BPC, LAYERS = 32, 2, 4
@@ -33,10 +36,18 @@ def rows_equal(kv: torch.Tensor, a: int, b: int) -> bool:
     return bool(torch.equal(kv[:, a], kv[:, b]))
 
 
-def setup(store_wrap=None):
+class SegmentsOnly(CpuSlab):
+    """The CPU tier as device-memory KV sees it: no row path, so loads are planned as
+    segments (split by region for a load layer by layer)."""
+
+    def supports_rows(self, engine_regions):
+        return False
+
+
+def setup(store_wrap=None, slab_cls=CpuSlab):
     kv = split_kv()
     regions = KVRegions.from_tensors(kv, BLOCKS, block_dim=1)
-    store = CpuSlab(8, regions.row_bytes, BPC)
+    store = slab_cls(8, regions.row_bytes, BPC)
     wrapped = store_wrap(store) if store_wrap else store
     eng = TransferEngine(regions, {"cpu": wrapped}, BPC)
     keys = [b"a", b"b", b"c"]
@@ -72,10 +83,12 @@ def test_split_last_block_keeps_every_block_once():
         split_last_block(("buffers", None))
 
 
-def test_layers_are_copied_one_ahead_of_the_wait():
-    kv, regions, eng, load, _ = setup()
+@pytest.mark.parametrize("slab_cls", [CpuSlab, SegmentsOnly], ids=["rows", "segments"])
+def test_layers_are_copied_one_ahead_of_the_wait(slab_cls):
+    kv, regions, eng, load, _ = setup(slab_cls=slab_cls)
     names = list(kv)
     try:
+        assert eng.plan(load)[0] == ("rows" if slab_cls is CpuSlab else "segments")
         w = WorkerSide(eng, calibrate=False, layers=layer_of(regions))
         w.begin_step(StepPlan(loads=[load]))
         w.start_loads()
@@ -161,3 +174,68 @@ def test_plans_that_cannot_split_by_layer_load_before_the_forward():
         w.end_forward()
     finally:
         eng.close()
+
+
+@given(
+    bpc=st.integers(1, 3),
+    chunks=st.integers(1, 4),
+    skip=st.integers(0, 2),
+    data=st.data(),
+)
+def test_split_segments_copies_every_byte_once_and_the_last_block_first(bpc, chunks, skip, data):
+    """The two "regions" plans of a split segments plan load, together, what the whole
+    plan loads (region by region, in any layer order), the first part exactly the job's
+    last block."""
+    skip = min(skip, bpc - 1)
+    kv = {k: t.view(torch.int32) for k, t in split_kv(3).items()}  # bitwise equality
+    regions = KVRegions.from_tensors(kv, BLOCKS, block_dim=1)
+    slab = SegmentsOnly(chunks, regions.row_bytes, bpc)
+    slab.flat.copy_(torch.randint(0, 256, slab.flat.shape, dtype=torch.uint8))
+    n = chunks * bpc - skip
+    dst = data.draw(st.lists(st.integers(0, BLOCKS - 1), min_size=n, max_size=n, unique=True))
+    keys = [bytes([i]) for i in range(chunks)]
+    job = TransferJob(1, "r", "load", "cpu", True, keys, list(range(chunks)), dst, skip=skip)
+    stores = {"cpu": slab}
+    eng = TransferEngine(regions, stores, bpc)
+    try:
+        whole = eng.plan(job)
+    finally:
+        eng.close()
+    assert whole[0] == "segments"
+    run_plan(job, whole, regions, stores)
+    expect = {k: t.clone() for k, t in kv.items()}
+    for t in kv.values():
+        t.zero_()
+    tail, rest = split_segments(whole, regions.row_bytes, bpc)
+    assert all(run_plan(job, tail, regions, stores))
+    for k, t in kv.items():  # only the last block so far, in every layer
+        assert torch.equal(t[:, dst[-1]], expect[k][:, dst[-1]])
+        assert not t[:, dst[:-1]].any()
+    order = data.draw(st.permutations(list(regions.layer_regions.values())))
+    for only in order:
+        assert all(run_plan(job, rest, regions, stores, only))
+    for k, t in kv.items():
+        assert torch.equal(t[:, dst], expect[k][:, dst])
+        for half, r in enumerate(regions.layer_regions[k]):  # the oracle: the slab's rows
+            for p, b in enumerate(dst, start=skip):
+                want = slab.regions[r][(p // bpc) * bpc + p % bpc]
+                assert torch.equal(t[half, b].reshape(-1).view(torch.uint8), want)
+    with pytest.raises(ValueError):
+        split_segments(("rows", []), regions.row_bytes, bpc)
+
+
+def test_a_part_counts_as_copied_only_after_its_fence():
+    """Device copies: ``wait_layer`` must not return before the copy stream finished the
+    layer. The fence runs after each part's copies and before the part is reported."""
+    job = TransferJob(1, "r", "load", "cpu", True, [b"a"], [0], [5])
+    layers = [[0], [1], [2]]
+    unit = LayeredLoad([job], [(("rows", []), ("rows", []))], layers)
+    unit.release()
+    seen = []
+
+    def fence():
+        seen.append((unit._tail_done, unit._copied))
+
+    (result,) = unit.run(lambda j, plan, only: [True], 10, fence=fence)
+    assert seen == [(False, 0), (True, 0), (True, 1), (True, 2)]
+    assert result.all_ok and unit._copied == 3

@@ -1,6 +1,7 @@
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -266,3 +267,82 @@ def test_write_back_random_traffic_serves_exact_kv(seed):
                 view.index.check()
         finally:
             e.close()
+
+
+def _over_shared_memory(fault: FaultPlan | None) -> KVTierConfig:
+    """A small CPU tier over a shared memory tier (the stand-in for a remote tier, shared
+    by every engine of this process); ``fault`` on the shared tier's reads."""
+    import dataclasses
+
+    from kvtier.stack.spec import TierSpec
+    from kvtier.tiers.memory import MemoryOptions
+
+    shared = TierSpec(
+        "memory",
+        name="shared",
+        capacity=1 << 20,
+        options=MemoryOptions(shared=True, url="memory://fail"),
+    )
+    if fault is not None:
+        shared = dataclasses.replace(shared, faults=fault)
+    cpu = TierSpec("cpu", capacity=1 << 20)
+    return KVTierConfig(chunk_tokens=8, tiers=(cpu, shared))
+
+
+@pytest.mark.parametrize("request_failures", [False, True])
+def test_a_hit_that_cannot_load_is_never_claimed_twice_by_one_request(request_failures):
+    """A shared tier keeps answering "present" for chunks whose every read fails (a planted
+    value, a dead link): the request's next lookup stops before the failed chunk, so with
+    request-level failures (vLLM with several KV-cache groups: the request recomputes from
+    scratch and is looked up again) it is rescheduled once, not forever."""
+    writer = MiniEngine(_over_shared_memory(None))
+    e = MiniEngine(
+        _over_shared_memory(FaultPlan(fail_all_reads=True)), request_failures=request_failures
+    )
+    try:
+        run_one(writer, "w", list(range(64)))
+        writer.run()
+        r = e.add("a", list(range(64)) + [7])
+        e.run(max_steps=200)
+        assert r.done and e.wrong == 0
+        assert e.manager.metrics.total("load_failed_requests") == 1
+        assert r.failed_loads == (1 if request_failures else 0)
+        assert e.recomputed == 1
+    finally:
+        writer.close()
+        e.close()
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    rate=st.sampled_from([0.2, 0.5, 1.0]),
+    seed=st.integers(0, 1000),
+    request_failures=st.booleans(),
+)
+def test_random_read_failures_recompute_exact_kv_in_either_failure_mode(
+    rate, seed, request_failures
+):
+    """Random read failures on the CPU tier, block-level (one KV-cache group) or per
+    request (several): every request finishes on exact KV (the oracle), and no request is
+    sent back more often than it has chunks."""
+    rng = random.Random(seed)
+    cfg = KVTierConfig(chunk_tokens=8, cpu_bytes=1 << 20, sync_budget=SyncBudget("fixed", 1 << 30))
+    e = MiniEngine(
+        cfg,
+        fault=FaultPlan(seed=seed, read_fail_rate=rate),
+        request_failures=request_failures,
+    )
+    try:
+        docs = [[rng.randrange(1000) for _ in range(48)] for _ in range(3)]
+        reqs = []
+        for i in range(12):
+            reqs.append(e.add(f"r{i}", rng.choice(docs) + [rng.randrange(1000)]))
+            if i % 3 == 2:
+                e.run()
+        e.run()
+        assert all(r.done for r in reqs) and e.wrong == 0
+        assert all(r.failed_loads <= len(r.tokens) // 8 for r in reqs)
+        if request_failures:
+            assert all(r.sync_hit == 0 for r in reqs), "several groups: every load async"
+    finally:
+        e.close()

@@ -86,6 +86,10 @@ ENGINE_FOR: dict[str, dict[str, Any]] = {
     "falcon_h1": {"enable_prefix_caching": False},
     # vLLM's CPU gated delta net needs bf16 ("CPU GDN attention requires BF16").
     "qwen3_next": {"dtype": "bfloat16"},
+    # On CPUs with AMX, vLLM's CPU MLA backend (amx_mla) loads bf16 weights only ("expect
+    # weight to be bfloat16, ..."), before kvtier is asked: the refusal needs an engine
+    # that gets as far as its KV connector.
+    "deepseek_v2_mla": {"dtype": "bfloat16"},
 }
 """Per-architecture engine settings (on top of ENGINE), the same with and without kvtier."""
 

@@ -2,8 +2,9 @@
 disk tiers while faults are injected at random (failed and slow copies, disk read/write
 errors, corrupted and truncated slab files, a full filesystem) and a shared redis tier
 whose server is killed, restarted empty and hung, against an oracle engine without
-kvtier. Runs in the default suite (marker ``soak``, not ``slow``); the full soak is
-``kvtier soak`` (1,000+ requests)."""
+kvtier. Runs in the default suite (marker ``soak``, not ``slow``) for a model with one
+KV-cache group and for one with two; the full soak is ``kvtier soak`` (1,000+ requests).
+"""
 
 from __future__ import annotations
 
@@ -16,16 +17,26 @@ from kvtier.tools.soak.run import SoakOptions, run_soak
 pytestmark = [pytest.mark.vllm, pytest.mark.soak]
 
 
-def test_short_soak_runs_clean(tmp_path):
+CPU_BYTES = {"smollm2": 32 << 20, "gemma3": 1 << 20}
+"""A CPU tier of a few dozen chunks at most (SmolLM2's ~1.4 MiB, the tiny Gemma 3's ~85
+KiB), so that recurring prefixes fall out of it."""
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_short_soak_runs_clean(tmp_path, model):
+    """``smollm2``: one KV-cache group (failed loads reported per block); ``gemma3``: a
+    tiny Gemma 3 with sliding-window and global groups (failed loads reported per
+    request, every hit async)."""
     opts = SoakOptions(
         requests=100,
+        model=model,
         seed=1,
         out=str(tmp_path),
         progress=False,
         # A CPU tier of ~22 chunks, so that recurring prefixes fall out of it and come back
         # from disk; disk faults at the default pace (faster ones destroy most of what the
         # disk tier holds in a run this short, and with it the disk hits).
-        cpu_bytes=32 << 20,
+        cpu_bytes=CPU_BYTES[model],
         remote_fault_interval=2.0,
         # Nothing here checks memory growth: the step-size warm-up would only add ~70 s.
         step_warmup=False,

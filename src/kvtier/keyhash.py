@@ -17,10 +17,12 @@ from __future__ import annotations
 import ctypes
 import logging
 from functools import cache
-
-import blake3
+from typing import TYPE_CHECKING
 
 from kvtier.native_lib import load_native
+
+if TYPE_CHECKING:
+    from blake3 import blake3 as Blake3
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,15 @@ def _native() -> _Native | None:
         return None
 
 
+def _blake3() -> type[Blake3]:
+    """The blake3 package's hasher, imported on first use: code that never hashes a key
+    (the worker-side data path, ``benchmarks/gpu_check.py`` on a machine without the
+    package) imports kvtier without it."""
+    from blake3 import blake3
+
+    return blake3
+
+
 def is_native() -> bool:
     """Whether :func:`chain` runs the native implementation."""
     return _native() is not None
@@ -76,7 +87,7 @@ def chain_python(
 ) -> bytes:
     """:func:`chain` with the blake3 package (the reference the native path must match)."""
     out = []
-    h = blake3.blake3
+    h = _blake3()
     n = len(data) // step
     for i in range(n):
         x = extras[i * DIGEST_BYTES : (i + 1) * DIGEST_BYTES] if extras else _ZERO
@@ -100,9 +111,9 @@ def chain(key: bytes, prev: bytes, data: bytes, step: int, extras: bytes | None 
 
 def keyed_hash(key: bytes, data: bytes) -> bytes:
     """BLAKE3 of ``data`` under ``key``: 32 bytes."""
-    return blake3.blake3(data, key=key).digest()
+    return _blake3()(data, key=key).digest()
 
 
 def derive_key(context: str, material: bytes) -> bytes:
     """A 32-byte BLAKE3 key derived from ``material`` in ``context`` (BLAKE3's KDF mode)."""
-    return blake3.blake3(material, derive_key_context=context).digest()
+    return _blake3()(material, derive_key_context=context).digest()

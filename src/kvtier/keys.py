@@ -80,8 +80,10 @@ KEY_FORMAT = 3
 (disk slots, envelopes) change their own version with it."""
 
 HASH_KEY_CONTEXT = "kvtier 2026-12 chunk-key hash v3"
-PUBLIC_HASH_KEY = keyhash.derive_key(HASH_KEY_CONTEXT, b"")
-"""The hash key without a secret."""
+PUBLIC_HASH_KEY = bytes.fromhex("47c77dd796491b71dd6728bb9cfc1ec8d03106334a73c4d6475b7dd6e3aaf6fe")
+"""The hash key without a secret: ``derive_key(HASH_KEY_CONTEXT, b"")``, written out (a
+test checks it) so that importing kvtier needs no blake3 (the worker-side data path on a
+machine without the package: ``benchmarks/gpu_check.py``)."""
 
 _CHAIN_START = b"kvtier-chain-v3"
 _SEED = b"kvtier-seed-v3"

@@ -90,6 +90,7 @@ class CacheManager:
         num_workers: int = 1,
         metrics: Metrics | None = None,
         defer_on_inflight_loads: bool = True,
+        sync_loads: bool = True,
     ) -> None:
         self.config = config
         self.layout = layout
@@ -106,6 +107,7 @@ class CacheManager:
         self.loads = LoadPlanner(
             config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
         )
+        self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
         self.recent_hit_sources = self.loads.recent_hit_sources
         """The last requests' hit sources (inspection and tests)."""
@@ -156,7 +158,7 @@ class CacheManager:
         if req.unkeyable:
             return Hit(num_computed, num_computed, ())
         req.chain.update(tokens)
-        keys = req.chain.keys
+        keys = req.claimable(req.chain.keys)
         c = self.chunk_tokens
         first = num_computed // c
         if len(keys) <= first:
@@ -332,7 +334,7 @@ class CacheManager:
         assert result is not None
         failed = result.ok.count(False)
         if job.kind == "load":
-            self.loads.finished(job, result)
+            self.loads.finished(job, result, self._reqs.get(job.req_id))
         else:
             dst = job.dst_tier if job.kind == "copy" else job.tier
             if job.kind == "copy":

@@ -24,6 +24,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "stored_chunks": ("counter", "Chunks stored, by tier.", ("tier",)),
     "evictions": ("counter", "Chunks evicted, by tier.", ("tier",)),
     "failures": ("counter", "Failed chunk operations, by tier and operation.", ("tier", "op")),
+    "load_failed_requests": (
+        "counter",
+        "Request loads that failed (the request recomputes from the last good chunk, or "
+        "from scratch with several KV-cache groups), by the tier that failed.",
+        ("tier",),
+    ),
     "unkeyable_requests": (
         "counter",
         "Requests neither loaded nor stored: an input kind chunk keys cannot cover, by kind.",

@@ -19,8 +19,9 @@ Per step, in the engine's order:
    remote load took 2.4 s behind 1,280 empty steps, 0.58 s without them) and learn of the
    load one step late.
 
-Loading layer by layer (``layers`` given; host-memory KV and CPU-tier row copies only,
-see :meth:`kvtier.transfer.engine.TransferEngine.submit_layered`): the engine writes this
+Loading layer by layer (``layers`` given; CPU-tier loads of one KV-cache group only, see
+:meth:`kvtier.transfer.engine.TransferEngine.submit_layered`; on device KV each layer is
+reported whole once the copy stream finished it): the engine writes this
 step's new KV into the cache before the attention of the same layer runs, and that
 attention is where the engine waits for the layer (vLLM's CPU backend updates the cache
 in an op of its own, ahead of the attention op the connector's wait wraps). The only
@@ -37,6 +38,7 @@ Engine-agnostic: the vLLM connector calls these from its worker-role hooks.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 
@@ -44,6 +46,8 @@ from kvtier import timeline
 from kvtier.jobs import JobResult, StepPlan, TransferJob, WorkerReport
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.layered import LayeredLoad
+
+log = logging.getLogger("kvtier")
 
 IDLE_WAIT_SECONDS = 0.25
 """The longest an idle step waits for an async load to finish. Bounds how late a request
@@ -77,9 +81,7 @@ class WorkerSide:
         self._results: list[JobResult] = []
         self._idle = False
         self._load_errors: set[int] = set()
-        self.failed_requests: set[str] = set()
-        """Requests with a failed load since the caller last emptied it (engines that
-        take load failures per request, not per block)."""
+        self._failed_reqs: set[str] = set()
         self._t_begin = 0.0
         self._load_seconds = 0.0
         self._forward_seconds = 0.0
@@ -185,13 +187,15 @@ class WorkerSide:
                 if not ok:
                     failed += blocks
             self._load_errors.update(failed)
-            self.failed_requests.add(job.req_id)
+            self._failed_reqs.add(job.req_id)
             timeline.event("worker.load_failed", job=r.job_id, req=job.req_id, blocks=failed)
 
     # -- results ---------------------------------------------------------------------------
 
     def transfer_results(self) -> tuple[set[str], set[str]]:
-        """``(finished sending, finished receiving)`` request ids, vLLM's get_finished."""
+        """``(finished sending, finished receiving)`` request ids, vLLM's get_finished.
+        A request whose async load failed is among those receiving, once all its loads
+        ended; :meth:`failed_requests` then names it."""
         self._finish_layered()  # vLLM may defer end_forward (a draft model's forward)
         if self._idle:
             self._idle = False
@@ -214,9 +218,26 @@ class WorkerSide:
         return sending, recving
 
     def load_errors(self) -> set[int]:
-        """Engine block ids whose load failed since the last call."""
+        """Engine block ids whose load failed since the last call (block-level failure
+        reporting, for engines with one KV-cache group)."""
         self._finish_layered()
         out, self._load_errors = self._load_errors, set()
+        self._failed_reqs.clear()
+        return out
+
+    def failed_requests(self, finished: set[str]) -> set[str]:
+        """Of ``finished`` (request ids :meth:`transfer_results` just reported as done
+        receiving), those with a failed load chunk: vLLM recomputes them from scratch
+        (request-level failure reporting, for engines with several KV-cache groups, where
+        block ids do not name a request). Each failure is reported once. Failures of
+        requests not in ``finished`` are kept until they are; block-level errors of the
+        same chunks are dropped (:meth:`load_errors` is not asked in that mode)."""
+        self._finish_layered()
+        out = self._failed_reqs & finished
+        self._failed_reqs -= out
+        self._load_errors.clear()
+        if out:
+            log.warning("kvtier: loads failed for %d request(s); they recompute", len(out))
         return out
 
     def report(self) -> WorkerReport:

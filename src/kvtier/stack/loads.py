@@ -36,6 +36,10 @@ class LoadPlanner:
         block_tokens: int,
     ) -> None:
         self.layout = layout
+        self.sync_loads = True
+        """Whether any hit may load within the step. Off for engines that can only be told
+        of a failed load per request, before it runs (vLLM with several KV-cache groups:
+        a failed sync load there could not be undone)."""
         self.stack = stack
         self.jobs = jobs
         self.metrics = metrics
@@ -46,6 +50,8 @@ class LoadPlanner:
         self.pending: list[TransferJob] = []
         self.loading: dict[int, tuple[int, int, list[Key]]] = {}
         """Async loads in flight: job id -> (first chunk, end chunk, the chain's keys)."""
+        self.first_chunk: dict[int, int] = {}
+        """Every load job in flight: job id -> its first chunk's index in the chain."""
         self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
         self.recent_load_modes: deque[tuple[str, str]] = deque(maxlen=4096)
 
@@ -72,7 +78,9 @@ class LoadPlanner:
         if n <= 0:
             self.budget.release(req_id)
             return 0, False
-        sync_ok = self.stack.sync_capable([self.stack.position[t] for t, _, _ in hit.runs])
+        sync_ok = self.sync_loads and self.stack.sync_capable(
+            [self.stack.position[t] for t, _, _ in hit.runs]
+        )
         sync_tokens = n - 1 if hit.end >= num_tokens else n
         if (
             sync_ok
@@ -130,6 +138,7 @@ class LoadPlanner:
                 b0 - c0 * bpc,
             )
             req.jobs.add(self.jobs.add(load, self.jobs.hold(tier.index, chunk_keys[-1])))
+            self.first_chunk[load.job_id] = c0
             if not sync:
                 self.loading[load.job_id] = (c0, c1, keys)
             self.pending.append(load)
@@ -145,12 +154,19 @@ class LoadPlanner:
         for source, n in sources.items():
             self.metrics.inc("hit_tokens", n, source.label)
 
-    def finished(self, job: TransferJob, result: JobResult) -> None:
-        """A load ended: a failed chunk (and its descendants) leaves its tier."""
+    def finished(self, job: TransferJob, result: JobResult, req: RequestState | None) -> None:
+        """A load ended: a failed chunk (and its descendants) leaves its tier, and the
+        request (``req``, if still known) never claims it again (``load_failed_at``)."""
         self.loading.pop(job.job_id, None)
+        c0 = self.first_chunk.pop(job.job_id, 0)
         if not all(result.ok):
-            bad = job.keys[result.ok.index(False)]
-            self.stack.by_name(job.tier).index.invalidate(bad)
+            i = result.ok.index(False)
+            self.stack.by_name(job.tier).index.invalidate(job.keys[i])
+            if req is not None:
+                at = c0 + i
+                if req.load_failed_at is None or at < req.load_failed_at:
+                    req.load_failed_at = at
+                    self.metrics.inc("load_failed_requests", 1, job.tier)
         mode = "sync" if job.sync else "async"
         self.metrics.inc("load_bytes", result.nbytes, job.tier, mode)
         self.metrics.inc("load_seconds", result.seconds, job.tier, mode)

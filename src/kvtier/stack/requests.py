@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvtier.keys import KeyChain
+from kvtier.keys import Key, KeyChain
 from kvtier.sources import HitRun
 
 
@@ -39,3 +40,12 @@ class RequestState:
     observed: bool = False
     unkeyable: bool = False
     """Its inputs include a kind chunk keys cannot cover: never loaded nor stored."""
+    load_failed_at: int | None = None
+    """The first chunk of this request whose load failed: its later lookups stop before
+    it, so a hit that cannot load (a planted value, a flaky disk, a timeout) is never
+    claimed twice by the same request and cannot loop it through reschedules."""
+
+    def claimable(self, keys: Sequence[Key]) -> Sequence[Key]:
+        """The chain's keys a lookup may claim: those before the first chunk whose load
+        failed (all of them when none did)."""
+        return keys if self.load_failed_at is None else keys[: self.load_failed_at]

@@ -179,6 +179,7 @@ def _soak(args: argparse.Namespace) -> int:
 
     opts = SoakOptions(
         requests=args.requests,
+        model=args.model,
         seed=args.seed,
         out=args.out,
         json=args.json,
@@ -311,6 +312,13 @@ def parser() -> argparse.ArgumentParser:
     k = sub.add_parser("soak", help="mixed traffic with random faults against an oracle")
     k.add_argument("--requests", type=int, default=1000, help="about this many requests")
     k.add_argument("--seed", type=int, default=0, help="seed of the traffic and the faults")
+    k.add_argument(
+        "--model",
+        default="smollm2",
+        choices=["smollm2", "gemma3"],
+        help="smollm2 (dense, one KV-cache group) or gemma3 (a tiny random-weight Gemma 3: "
+        "sliding-window and global groups, failed loads reported per request)",
+    )
     k.add_argument("--out", default="soak-results", help="directory for engine logs")
     k.add_argument("--json", default=None, metavar="PATH", help="default: OUT/soak.json")
     k.add_argument(

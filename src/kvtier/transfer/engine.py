@@ -41,7 +41,7 @@ from kvtier.transfer.copy import copy_segments
 from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
 from kvtier.transfer.layered import LayeredLoad
-from kvtier.transfer.plans import make_plan, run_plan, split_last_block
+from kvtier.transfer.plans import make_plan, run_plan, split_by_layer
 from kvtier.transfer.regions import KVRegions
 
 AnyRegions = KVRegions | GroupedRegions
@@ -125,6 +125,19 @@ class _Queue:
             self._stop = True
             self._cond.notify()
         self._thread.join(timeout=60)
+
+
+def _run_layered(
+    unit: LayeredLoad, ctx: Any, run_checked: Any, block_bytes: int
+) -> list[JobResult]:
+    """Run a layer-wise unit; on CUDA on the queue's stream (``ctx``), each part fenced by
+    it: a part is done once the stream is, only then may its layer be read."""
+    stream, ready = ctx
+    if stream is None:
+        return unit.run(run_checked, block_bytes)
+    with torch.cuda.stream(stream):
+        stream.wait_event(ready)
+        return unit.run(run_checked, block_bytes, fence=stream.synchronize)
 
 
 def _failed(job: TransferJob) -> JobResult:
@@ -232,11 +245,11 @@ class TransferEngine:
     ) -> LayeredLoad | None:
         """Queue sync loads to be copied layer by layer (:class:`LayeredLoad`; ``layers``:
         each engine layer's region indices, in forward order), or None, queueing nothing,
-        where they cannot be: KV not in host memory, a job that waits for another
-        (``after``), or a job whose plan is not ``"rows"`` (only the CPU tier's row copies
-        split by region; a disk chunk's checksum covers every layer, so none of it is good
-        before all of it is read)."""
-        if not jobs or not layers or not getattr(self.regions, "arrays", None):
+        where they cannot be: several KV-cache groups, a job that waits for another
+        (``after``), or a plan that cannot split by region (:func:`split_by_layer`). On
+        CUDA a layer counts as copied (what :meth:`LayeredLoad.wait_layer` waits for) once
+        the expedited stream finished its copies: its attention is queued after them."""
+        if not jobs or not layers or getattr(self.regions, "grouped", False):
             return None
         plans = []
         for job in jobs:
@@ -244,9 +257,14 @@ class TransferEngine:
                 prepared = self.plan(job)
             except Exception:
                 return None  # submit() plans it again and logs why
-            if not (job.sync and job.kind == "load") or prepared[0] != "rows" or job.after:
+            if not (job.sync and job.kind == "load") or job.after:
                 return None  # (a unit waits for no other job: it starts at once)
-            plans.append(split_last_block(prepared))
+            split = split_by_layer(
+                prepared, self.stores[job.tier], self.regions.row_bytes, self.blocks_per_chunk
+            )
+            if split is None:
+                return None
+            plans.append(split)
         unit = LayeredLoad(jobs, plans, layers)
         with self._done_cond:
             self._pending.update(j.job_id for j in jobs)
@@ -326,9 +344,9 @@ class TransferEngine:
         return make_plan(job, self.regions, self.stores, self.blocks_per_chunk)
 
     def _execute(self, job: TransferJob, prepared: Any, ctx: Any) -> JobResult | list[JobResult]:
-        if isinstance(prepared, LayeredLoad):
-            return prepared.run(self._run_checked, self.regions.block_bytes)
         stream, ready = ctx
+        if isinstance(prepared, LayeredLoad):
+            return _run_layered(prepared, ctx, self._run_checked, self.regions.block_bytes)
         if prepared is _PLAN_ON_QUEUE:
             prepared = self.plan(job)
         if prepared is None:

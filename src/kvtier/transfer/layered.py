@@ -76,11 +76,15 @@ class LayeredLoad:
         """The unit is over, copied or not: nothing waits for it any more."""
         self._set(over=True)
 
-    def run(self, run_checked: RunChecked, block_bytes: int) -> list[JobResult]:
+    def run(
+        self, run_checked: RunChecked, block_bytes: int, fence: Callable[[], object] | None = None
+    ) -> list[JobResult]:
         """Copy every part of every job, each under the sync-load retry (a layer is copied
         again before its attention may run). A job with a part that still fails fails
         whole, as its whole copy would, and its later parts are skipped (vLLM recomputes
-        its blocks)."""
+        its blocks). ``fence``: called after a part's copies were issued and before the
+        part is reported whole (device copies: waits for the copy stream); an exception
+        from it fails the whole unit, as one from a copy fails a job."""
         t0 = time.perf_counter()
         ok = [True] * len(self.jobs)
 
@@ -100,11 +104,15 @@ class LayeredLoad:
             )
         for i, (tail, _) in enumerate(self.plans):
             part(i, tail, None)
+        if fence is not None:
+            fence()
         self._set(tail=True)
         for k, only in enumerate(self.layers):
             self._may_copy(k)
             for i, (_, rest) in enumerate(self.plans):
                 part(i, rest, only)
+            if fence is not None:
+                fence()
             self._set(copied=k + 1)
         seconds = time.perf_counter() - t0
         out = []

@@ -12,13 +12,18 @@ A plan is ``(kind, data)``, the cheapest way the job's stores allow:
 - ``"segments"``: one ``(offset, view)`` list per chunk, which every store accepts;
 - ``"partial"``: segments of the leading chunks a store can take (KV groups with freed
   blocks);
+- ``"regions"``: segments sorted by region (``data[r][c]``: region r's segments of chunk
+  c), so a part of the regions can be copied alone: a ``"segments"`` load from a memory
+  store split for a load layer by layer (:func:`split_segments`; device-memory KV, where
+  no ``"rows"`` plan exists);
 - ``"copy"`` / ``"copy-buffers"`` / ``"staged"``: tier to tier, from the source's payload
   views, its payload addresses, or through a scratch buffer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,6 +117,58 @@ def split_last_block(prepared: Plan) -> tuple[Plan, Plan]:
     return ("rows", last), ("rows", rest)
 
 
+def split_by_layer(
+    prepared: Plan, store: Any, row_bytes: Sequence[int], blocks_per_chunk: int
+) -> tuple[Plan, Plan] | None:
+    """A sync load's plan as (the job's last engine block, every other block), to be
+    copied layer by layer, or None where it cannot be: only a memory store (the CPU tier,
+    or a fault wrapper keeping its row path: it has ``supports_rows``) can read any part
+    of a chunk alone, good once read; a disk chunk's checksum covers every layer."""
+    if prepared[0] == "rows":
+        return split_last_block(prepared)
+    if prepared[0] == "segments" and getattr(store, "supports_rows", None) is not None:
+        return split_segments(prepared, row_bytes, blocks_per_chunk)
+    return None
+
+
+def split_segments(
+    prepared: Plan, row_bytes: Sequence[int], blocks_per_chunk: int
+) -> tuple[Plan, Plan]:
+    """A load's ``"segments"`` plan (one block table: :class:`KVRegions`) as two
+    ``"regions"`` plans, (the job's last engine block, every other block): what
+    :func:`split_last_block` does for ``"rows"`` plans, for KV a store copies by segment
+    (device memory). A segment's region is read from its payload offset (a chunk's payload
+    is region-major, region r at ``blocks_per_chunk * sum(row_bytes[:r])``); the job's
+    last block is the last row of each region's last segment in the last chunk (segments
+    are runs of chunk positions, in order). ValueError for other plans."""
+    how, views = prepared
+    if how != "segments" or not views:
+        raise ValueError(f"cannot split a {how!r} plan by region")
+    starts, pos = [], 0
+    for rb in row_bytes:
+        starts.append(pos)
+        pos += blocks_per_chunk * rb
+    nreg, nchunks = len(row_bytes), len(views)
+    tail: list[list[list[tuple[int, Any]]]] = [[[] for _ in views] for _ in range(nreg)]
+    rest: list[list[list[tuple[int, Any]]]] = [[[] for _ in views] for _ in range(nreg)]
+    for c, segs in enumerate(views):
+        for off, view in segs:
+            rest[bisect.bisect_right(starts, off) - 1][c].append((off, view))
+    for r, rb in enumerate(row_bytes):
+        segs = rest[r][nchunks - 1]
+        if not segs:
+            continue
+        i = max(range(len(segs)), key=lambda k: segs[k][0])
+        off, view = segs[i]
+        n = view.numel() // rb
+        tail[r][nchunks - 1].append((off + (n - 1) * rb, view.narrow(0, (n - 1) * rb, rb)))
+        if n > 1:
+            segs[i] = (off, view.narrow(0, 0, (n - 1) * rb))
+        else:
+            del segs[i]
+    return ("regions", tail), ("regions", rest)
+
+
 def run_plan(
     job: TransferJob,
     prepared: Plan,
@@ -120,10 +177,11 @@ def run_plan(
     only: list[int] | None = None,
 ) -> list[bool]:
     """Execute a plan from :func:`make_plan` on the calling thread. ``only``: copy these
-    regions alone (one engine layer's; ``"rows"`` plans only, ValueError for others)."""
+    regions alone (one engine layer's; ``"rows"`` and ``"regions"`` plans only, ValueError
+    for others)."""
     store: Any = stores[job.tier]
     how, plan = prepared
-    if only is not None and how != "rows":
+    if only is not None and how not in ("rows", "regions"):
         raise ValueError(f"a {how!r} plan cannot copy a subset of regions")
     parents = job.parents or None
     if how == "copy":
@@ -148,6 +206,12 @@ def run_plan(
         return list(store.write_buffers(job.slots, job.keys, plan, parents))
     if how == "partial":
         return _write_leading(store, job, *plan)
+    if how == "regions":
+        picked = range(len(plan)) if only is None else only
+        segs = [[s for r in picked for s in plan[r][c]] for c in range(len(job.keys))]
+        if job.kind != "load":
+            raise ValueError("a 'regions' plan is a load's")
+        return list(store.read(job.slots, job.keys, segs))
     if job.kind == "load":
         return list(store.read(job.slots, job.keys, plan))
     return list(store.write(job.slots, job.keys, plan, parents))

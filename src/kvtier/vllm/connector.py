@@ -23,8 +23,11 @@ Step timeline on a worker:
   ``TransferEngine.inline_stores``);
 - ``get_finished``: async loads done (``finished_recving``), finished requests whose blocks
   kvtier held until their stores ran (``finished_sending``);
-- ``get_block_ids_with_load_errors``: engine blocks whose load failed; vLLM recomputes them
-  (kvtier sets ``kv_load_failure_policy="recompute"``: a cache miss is never an error).
+- ``get_transfer_results``: ``get_finished``'s sets, and with several KV-cache groups the
+  requests whose load failed (``failed_recving``: vLLM recomputes each from scratch);
+- ``get_block_ids_with_load_errors``: with one KV-cache group, the engine blocks whose
+  load failed; vLLM recomputes from the first of them (kvtier sets
+  ``kv_load_failure_policy="recompute"``: a cache miss is never an error).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.jobs import StepPlan
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
@@ -137,6 +140,14 @@ class _Setup:
         """Per-group block ids <-> the one id per position the manager and jobs carry
         (attention groups only: states go their own path)."""
         self.grouped = self.groups.attention_groups > 1 or self.groups.frees_blocks
+        self.request_failures = self.groups.num_groups > 1
+        """Failed loads are reported per request (``failed_recving``: vLLM recomputes it
+        from scratch), not per block: with several KV-cache groups a block id does not name
+        a request, and vLLM 0.32 stops the engine on block-level reports. Loads are then
+        all asynchronous, since only a request still waiting for its KV can be sent back
+        to recompute (a sync load's failure would be found after the forward used it).
+        Hybrid recurrent-state models have several groups, and could not load a state
+        within the step anyway (:mod:`kvtier.vllm.hybrid`)."""
         self.block_tokens = vllm_config.cache_config.block_size
         self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens)
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
@@ -267,14 +278,12 @@ def _layer_order(regions: KVRegions | GroupedRegions) -> list[tuple[list[str], l
 
 
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
-    """Tiered KV offloading for vLLM (see the module docstring).
-
-    ``SupportsHMA``: vLLM keeps its hybrid KV-cache manager on, and kvtier serves every
-    KV-cache group (per-group block ids, see :mod:`kvtier.transfer.groups`), refuses the
-    layout at start; hybrid recurrent-state models get their recurrent states stored and
-    restored with the attention chunks (:mod:`kvtier.vllm.hybrid`), or run with offload off
-    (:mod:`kvtier.vllm.groups`).
-    """
+    """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
+    keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
+    block ids, :mod:`kvtier.transfer.groups`), refuses the layout at start; hybrid
+    recurrent-state models get their recurrent states stored and restored with the
+    attention chunks (:mod:`kvtier.vllm.hybrid`), or run with offload off
+    (:mod:`kvtier.vllm.groups`)."""
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -302,17 +311,15 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             s = self.setup
             stack = build_stack(s.config, s.context(), s.specs)
-            config = s.config
-            if s.states:  # states cannot load within the step (module kvtier.vllm.hybrid)
-                config = dataclasses.replace(config, sync_budget=SyncBudget("off"))
             self.manager = CacheManager(
-                config,
+                s.config,
                 s.layout,
                 s.namespace,
                 s.block_tokens,
                 stack,
                 num_workers=s.world_size,
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
+                sync_loads=not s.request_failures,
             )
             if s.states:
                 self.states = StateCache(
@@ -624,22 +631,20 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return sending or None, recving or None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        if self.hybrid is None or self.worker is None:
-            return super().get_transfer_results(finished_req_ids)
-        # Several KV-cache groups: vLLM takes load failures per request only, and a
-        # request's receive is whole when its attention chunks and its state are.
-        sending, recving = self.worker.transfer_results()
-        failed_attn, self.worker.failed_requests = self.worker.failed_requests, set()
-        self.worker.load_errors()  # reported per request instead (failed_recving)
-        done, failed = self.hybrid.results(recving, failed_attn)
-        timeline.event("worker.get_finished", recving=sorted(done), failed=sorted(failed))
-        return KVConnectorTransferResults(sending, done, failed)
+        sending, recving = self.get_finished(finished_req_ids)
+        out = KVConnectorTransferResults(set(sending or ()), set(recving or ()))
+        if self.worker is not None and self.setup.request_failures:
+            out.failed_recving = self.worker.failed_requests(out.finished_recving)
+            if self.hybrid is not None:
+                # A hybrid hit is received when its attention chunks and its state are.
+                out.finished_recving, out.failed_recving = self.hybrid.results(
+                    out.finished_recving, out.failed_recving
+                )
+        return out
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        if self.worker is None:
-            return set()
-        if self.hybrid is not None:
-            return set()  # per request: get_transfer_results
+        if self.worker is None or self.setup.request_failures:
+            return set()  # reported per request in get_transfer_results
         failed = self.worker.load_errors()
         return self.setup.codec.real_blocks(list(failed)) if self.setup.grouped else failed
 

@@ -40,6 +40,7 @@ class KVTierStats(KVConnectorStats):
         out["load_bytes"] = int(m.total("load_bytes"))
         out["store_bytes"] = int(m.total("store_bytes"))
         out["failures"] = int(m.total("failures"))
+        out["load_failed_requests"] = int(m.total("load_failed_requests"))
         return out
 
     def is_empty(self) -> bool:

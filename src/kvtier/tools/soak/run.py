@@ -45,6 +45,9 @@ SOAK_RUNNER = "kvtier.vllm.harness.soak"
 
 MiB = 1 << 20
 
+MODELS = ("smollm2", "gemma3")
+"""What ``SoakOptions.model`` may name."""
+
 
 @dataclass(frozen=True)
 class SoakOptions:
@@ -52,6 +55,13 @@ class SoakOptions:
 
     requests: int = 1000
     """About this many requests (rounded up to whole rounds of ``shape.size``)."""
+    model: str = "smollm2"
+    """The model both engines serve: ``"smollm2"`` (SmolLM2-135M, dense attention: one
+    KV-cache group; failed loads are reported to vLLM per block) or ``"gemma3"`` (a tiny
+    random-weight Gemma 3 built by :mod:`kvtier.tools.tiny_models`: sliding-window and
+    global layers in two KV-cache groups with vLLM's hybrid KV-cache manager on; failed
+    loads are reported per request, and every hit loads asynchronously). The tiny
+    model's vocabulary is 512 tokens: the workload's token ids are folded into it."""
     seed: int = 0
     shape: RoundShape = field(default_factory=RoundShape)
     cpu_bytes: int = 96 * MiB
@@ -115,11 +125,17 @@ STEP_TOKENS = 128
 step-size warm-up (``SoakOptions.step_warmup``) is 128 short prefills."""
 
 
+GROUP_BLOCKS = {"smollm2": 1, "gemma3": 3}
+"""Engine blocks per ``device_blocks`` for each model: the tiny Gemma 3's sliding-window
+groups take blocks from the same pool as its global layers, so the same context length
+needs about three times the blocks."""
+
+
 def engine_settings(opts: SoakOptions) -> dict[str, Any]:
     return {
         # fp32: greedy tokens must not flip on rounding when batch shapes differ.
         "dtype": "float32",
-        "num_gpu_blocks_override": opts.device_blocks,
+        "num_gpu_blocks_override": opts.device_blocks * GROUP_BLOCKS.get(opts.model, 1),
         "max_model_len": (opts.device_blocks - 1) * 32,
         "max_num_batched_tokens": STEP_TOKENS,
         "max_num_seqs": max(4, opts.shape.burst),
@@ -296,6 +312,27 @@ def summarize(
     }
 
 
+def _fold(rounds: list[dict[str, Any]], vocab: int) -> None:
+    """Map every prompt's token ids into ``[3, vocab)`` (ids 0-2 are the tiny models'
+    pad, bos and eos), the same way for every request, so shared prefixes stay shared."""
+    for op in rounds:
+        for r in op["requests"]:
+            r["prompt"] = [3 + t % (vocab - 3) for t in r["prompt"]]
+
+
+def soak_model(opts: SoakOptions, out_dir: Path) -> str:
+    """The checkpoint the soak serves (a tiny model is written under ``out_dir``)."""
+    from kvtier.tools.models import smollm2_path
+
+    if opts.model not in MODELS:
+        raise ConfigError(f"soak: model {opts.model!r} is not one of {', '.join(MODELS)}")
+    if opts.model == "smollm2":
+        return smollm2_path()
+    from kvtier.tools.tiny_models import build
+
+    return str(build(opts.model, out_dir / f"model-{opts.model}"))
+
+
 def run_soak(opts: SoakOptions) -> dict[str, Any]:
     """Run the soak; return the results (also written to JSON). Raises ConfigError when the
     oracle engine itself fails (nothing to compare against)."""
@@ -304,11 +341,16 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
 
     if opts.oracle_only and not opts.oracle:
         raise ConfigError("soak: --oracle-only needs --oracle PATH to save the oracle to")
-    model = smollm2_path()
-    rounds = build_rounds(model, opts.rounds, opts.seed, opts.shape)
-    total = sum(len(r["requests"]) for r in rounds)
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    model = soak_model(opts, out_dir)
+    # The workload's text is tokenized with SmolLM2's tokenizer (the tiny models ship it).
+    rounds = build_rounds(smollm2_path(), opts.rounds, opts.seed, opts.shape)
+    if opts.model != "smollm2":
+        from kvtier.tools.tiny_models import VOCAB
+
+        _fold(rounds, VOCAB)
+    total = sum(len(r["requests"]) for r in rounds)
     engine = engine_settings(opts)
     env = cpu_binding()
     bar = None
@@ -392,6 +434,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
         machine=machine_info(),
         binding=env,
         workload={
+            "model": opts.model,
             "rounds": opts.rounds,
             "requests": total,
             "shape": asdict(opts.shape),
