@@ -46,6 +46,7 @@ from kvtier.stack.requests import Hit
 from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import TierStack
 from kvtier.tiers.base import IndexListener, TierIndex
+from kvtier.tiers.disk.kind import STATES_DIR
 
 _TAG = b"kvtier-recurrent-state\x00"
 
@@ -72,7 +73,7 @@ def split_specs(config: KVTierConfig) -> tuple[tuple[TierSpec, ...], tuple[TierS
         opts = spec.options
         path = getattr(opts, "path", None)
         if path:
-            opts = dataclasses.replace(opts, path=os.path.join(path, "states"))  # type: ignore[call-arg]
+            opts = dataclasses.replace(opts, path=os.path.join(path, STATES_DIR))  # type: ignore[call-arg]
         states.append(
             dataclasses.replace(
                 spec, name=spec.label, capacity=state_cap, options=opts, faults=None

@@ -39,6 +39,7 @@ from kvtier.tiers.disk.format import (
     parse_headers,
     slab_file_name,
 )
+from kvtier.tiers.disk.kind import STATES_DIR
 from kvtier.tiers.disk.private import open_file, open_private_dir, remove_file
 from kvtier.tools.purge import PurgeTarget
 
@@ -56,14 +57,21 @@ class DiskPurge:
 
 def tier_dirs(path: Path) -> list[Path]:
     """The tier directories under ``path``: itself when it holds a superblock, else its
-    per-rank subdirectories that do. ConfigError when there is no directory at all."""
+    per-rank subdirectories that do, and those of its ``states`` subdirectory (hybrid
+    models' recurrent states, same namespaces). ConfigError when there is no directory
+    at all."""
     if path.is_symlink() or not path.is_dir():
         raise ConfigError(f"purge: --disk {path} is not a directory")
     if (path / SUPER_NAME).exists():
         return [path]
-    return sorted(
-        p for p in path.iterdir() if _RANK_DIR.fullmatch(p.name) and (p / SUPER_NAME).exists()
-    )
+    out = []
+    for root in (path, path / STATES_DIR):
+        if root.is_symlink() or not root.is_dir():
+            continue
+        out += sorted(
+            p for p in root.iterdir() if _RANK_DIR.fullmatch(p.name) and (p / SUPER_NAME).exists()
+        )
+    return out
 
 
 def digests_of(target: PurgeTarget) -> set[bytes] | None:
