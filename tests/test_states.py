@@ -166,21 +166,17 @@ def test_a_request_is_received_once_both_sides_are_and_failed_if_either_failed()
     """The worker's combination of the attention and state sides of a hybrid hit (what
     vLLM's ``get_transfer_results`` gets): finished once both finished, failed (and
     finished) if either failed."""
-    from kvtier.jobs import StepPlan, TransferJob
-    from kvtier.vllm.hybrid import HybridWorker
+    from kvtier.jobs import TransferJob
+    from kvtier.vllm.hybrid import ReceiveParts
 
-    mover = StateMover([[torch.zeros(4, 8, dtype=torch.uint8)]], {})
-    w = HybridWorker(mover)
+    def load(req: str, sync: bool = False) -> TransferJob:
+        return TransferJob(0, req, "load", "cpu", sync, [b"k"], [0], [1])
 
-    def load(req: str) -> TransferJob:
-        return TransferJob(0, req, "load", "cpu", False, [b"k"], [0], [1])
-
-    w.begin_step(
-        StepPlan(loads=[load("a"), load("b"), load("c")]), StepPlan(loads=[load("a"), load("b")])
-    )
-    mover._recving = {"a"}  # the state side of a is done first
-    assert w.results(set(), set()) == (set(), set())
-    assert w.results({"a", "c"}, set()) == ({"a", "c"}, set())  # c had no state load
-    mover._recving, mover._failed = {"b"}, {"b"}
-    assert w.results(set(), set()) == (set(), set())  # b's attention still loading
-    assert w.results({"b"}, set()) == ({"b"}, {"b"})
+    parts = ReceiveParts()
+    parts.expect([load("a"), load("b"), load("c"), load("d", sync=True)])
+    parts.expect([load("a"), load("b")])
+    none: set[str] = set()
+    assert parts.results([(none, none), ({"a"}, none)]) == (none, none)  # a's state first
+    assert parts.results([({"a", "c"}, none), (none, none)]) == ({"a", "c"}, none)
+    assert parts.results([(none, none), ({"b"}, {"b"})]) == (none, none)  # attention loading
+    assert parts.results([({"b"}, none), (none, none)]) == ({"b"}, {"b"})

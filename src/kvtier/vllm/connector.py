@@ -49,38 +49,21 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
-from kvtier.jobs import StepPlan
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
 from kvtier.layout import KVLayout
-from kvtier.manager import (
-    CacheManager,
-    ScheduledRequest,
-    chain_keys,
-    knows,
-    resolve_chunk_tokens,
-    set_hit,
-)
+from kvtier.manager import CacheManager, ScheduledRequest, knows, resolve_chunk_tokens
 from kvtier.metrics import Metrics
 from kvtier.stack.build import build_stack, build_stores, tier_files
 from kvtier.stack.kinds import TierContext
-from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import TierStack
-from kvtier.stack.states import StateCache, link_eviction, split_specs
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
-from kvtier.transfer.states import StateMover
 from kvtier.vllm.events import ConnectorEvents, events_enabled
 from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups, sink_layers
-from kvtier.vllm.hybrid import (
-    HybridWorker,
-    attention_ids,
-    boundary_offers,
-    state_bytes,
-    state_pages,
-)
+from kvtier.vllm.hybrid import HybridScheduler, HybridWorkerSide, attention_ids, state_setup
 from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
@@ -134,8 +117,6 @@ class _Setup:
             kv_cache_config, cpu=_on_cpu(), sinks=sink_layers(vllm_config), world=self.world_size
         )
         self.layout = self.groups.layout
-        self.states = bool(self.groups.state_groups) and not self.groups.recurrent
-        """Recurrent states are stored and restored (hybrid models kvtier can serve)."""
         self.codec = BlockIdCodec(self.groups.attention_groups, kv_cache_config.num_blocks)
         """Per-group block ids <-> the one id per position the manager and jobs carry
         (attention groups only: states go their own path)."""
@@ -145,19 +126,11 @@ class _Setup:
         from scratch), not per block: with several KV-cache groups a block id does not name
         a request, and vLLM 0.32 stops the engine on block-level reports. Loads are then
         all asynchronous, since only a request still waiting for its KV can be sent back
-        to recompute (a sync load's failure would be found after the forward used it).
-        Hybrid recurrent-state models have several groups, and could not load a state
-        within the step anyway (:mod:`kvtier.vllm.hybrid`)."""
+        to recompute (a sync load's failure would be found after the forward used it)."""
         self.block_tokens = vllm_config.cache_config.block_size
         self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens)
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
         self.chunk_bytes = self.layout.chunk_bytes(self.chunk_tokens)
-        self.specs = self.config.tier_specs()
-        self.state_specs: tuple[TierSpec, ...] = ()
-        self.state_bytes = 0
-        if self.states:
-            self.specs, self.state_specs = split_specs(self.config)
-            self.state_bytes = state_bytes(kv_cache_config, self.groups.state_groups)
         model = vllm_config.model_config
         self.namespace = Namespace(
             model=f"{model.model}@{model.revision or ''}",
@@ -166,6 +139,9 @@ class _Setup:
             extra=self.config.namespace,
             secret=read_key_secret(self.config),
         )
+        self.specs, self.states = state_setup(self, kv_cache_config)
+        """The attention chunks' tier specs; the recurrent states' setup (hybrid models
+        kvtier serves; None for the others)."""
 
     def key_inputs(self, request: Request) -> KeyInputs:
         """The request's key inputs; unkeyable (never a hit nor a store) for every request
@@ -174,12 +150,6 @@ class _Setup:
         if self.groups.recurrent and not inputs.unkeyable:
             return dataclasses.replace(inputs, unkeyable=RECURRENT)
         return inputs
-
-    def state_context(self, rank: int = 0) -> TierContext:
-        """The recurrent states' tiers: one state (one block per recurrent group) a slot."""
-        return TierContext(
-            self.state_bytes, self.namespace.for_rank(rank), 1, world=self.world_size
-        )
 
     def attention(self, per_group: Any) -> Any:
         """The attention groups' block lists of vLLM's per-group lists."""
@@ -208,13 +178,8 @@ class _Setup:
 def _log_start(s: _Setup, stack: TierStack) -> None:
     if s.groups.recurrent:
         log.warning("%s", s.groups.recurrent)
-    elif s.states:
-        log.info(
-            "kvtier: hybrid model: recurrent states of %d bytes per chunk boundary, in "
-            "their own slots (state_share %.2f of each tier)",
-            s.state_bytes,
-            s.config.state_share,
-        )
+    elif s.states is not None:
+        log.info("%s", s.states.log_line())
     log.info(
         "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
         s.namespace.chain_digest().hex(),
@@ -277,13 +242,51 @@ def _layer_order(regions: KVRegions | GroupedRegions) -> list[tuple[list[str], l
     return [(n, list(r)) for r, n in out.items()]
 
 
+def _worker_side(
+    s: _Setup, vllm_config: VllmConfig, kvc: KVCacheConfig, kv_caches: dict[str, torch.Tensor]
+) -> WorkerSide:
+    """A worker's side over the engine's KV tensors (the recurrent states' too, on a
+    hybrid model): copy regions, the tiers' stores, the transfer engine."""
+    mover = None
+    if s.states is not None:
+        mover = HybridWorkerSide.mover_for(s.states, kvc, kv_caches, _tp_rank())
+        names = {n for i in s.groups.state_groups for n in kvc.kv_cache_groups[i].layer_names}
+        kv_caches = {n: t for n, t in kv_caches.items() if n not in names}
+    dims = require_dims(declared_block_dims(vllm_config, kvc, kv_caches))
+    regions = _regions(s, kvc, kv_caches, dims)
+    slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
+    if slot_bytes != s.chunk_bytes:
+        log.warning(
+            "kvtier: engine chunk is %d bytes, geometry says %d; using the engine's",
+            slot_bytes,
+            s.chunk_bytes,
+        )
+    ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
+    stores = build_stores(s.config, ctx, s.specs)  # fault wrappers included, if configured
+    timeline.event("worker.register", phase="stores")
+    engine = TransferEngine(regions, stores, s.blocks_per_chunk)
+    layers = _layer_order(regions) if _layer_loads(s.config.layer_loads, regions) else []
+    worker = (
+        WorkerSide(engine, layers=layers)
+        if mover is None
+        else HybridWorkerSide(engine, mover, layers=layers)
+    )
+    timeline.event("worker.register", phase="ready", load_bandwidth=engine.load_bandwidth)
+    log.info(
+        "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s, sync loads %s",
+        len(regions.regions),
+        slot_bytes,
+        (engine.load_bandwidth or 0) / 1e9,
+        f"layer by layer ({len(layers)} layers)" if layers else "before the forward",
+    )
+    return worker
+
+
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
     keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
-    block ids, :mod:`kvtier.transfer.groups`), refuses the layout at start; hybrid
-    recurrent-state models get their recurrent states stored and restored with the
-    attention chunks (:mod:`kvtier.vllm.hybrid`), or run with offload off
-    (:mod:`kvtier.vllm.groups`)."""
+    block ids, :mod:`kvtier.transfer.groups`; recurrent states: :mod:`kvtier.vllm.hybrid`),
+    refuses the layout at start, or runs with offload off (:mod:`kvtier.vllm.groups`)."""
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -296,10 +299,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             raise
         self.manager: CacheManager | None = None
         self.worker: WorkerSide | None = None
-        self.states: StateCache | None = None
+        self.states: HybridScheduler | None = None
         """Scheduler side of recurrent states (hybrid models kvtier serves)."""
-        self.hybrid: HybridWorker | None = None
-        """Worker side of recurrent states."""
         self.events: ConnectorEvents | None = None
         """Tier events for KV-aware routers; only while the engine publishes KV events."""
         self._requests: dict[str, Request] = {}
@@ -321,18 +322,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
                 sync_loads=not s.request_failures,
             )
-            if s.states:
-                self.states = StateCache(
-                    s.config,
-                    s.layout,
-                    s.namespace,
-                    build_stack(s.config, s.state_context(), s.state_specs),
-                    s.groups.state_groups,
-                    s.chunk_tokens,
-                    s.block_tokens,
-                    num_workers=s.world_size,
-                    metrics=self.manager.metrics,
-                )
+            if s.states is not None:  # linked to the tiers after the events' listeners
+                self.states = HybridScheduler(s.states, self.manager, stack)
             if events_enabled(vllm_config):
                 self.events = ConnectorEvents(
                     self.manager,
@@ -341,8 +332,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                     s.block_tokens,
                     remote=s.config.events_remote,
                 )
-            if self.states is not None:  # after the events: it keeps their listeners
-                link_eviction(stack, self.states.stack)
+            if self.states is not None:
+                self.states.link()
             kvt = self._kv_transfer_config
             if kvt.kv_load_failure_policy != "recompute":
                 # A tier miss or failed copy must mean "recompute", never a failed request.
@@ -369,12 +360,10 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         )
         if hit is None:
             return None, False
-        if self.states is not None and hit.tokens > 0:
-            keys = chain_keys(self.manager, request.request_id)
-            hit = self.states.trim(request.request_id, hit, keys, request.num_tokens)
+        if self.states is not None:
+            hit = self.states.trim(request.request_id, hit, request.num_tokens)
             if hit is None:
                 return None, False
-            set_hit(self.manager, request.request_id, hit)
         if self.events is not None:
             self.events.looked_up(request)
         n, is_async = self.manager.plan_load(request.request_id, hit, request.num_tokens)
@@ -394,7 +383,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             block_ids = self.setup.codec.encode(self.setup.attention(per_group))
             self.manager.on_allocated(req_id, block_ids, num_external_tokens, sync=not is_async)
             if self.states is not None:
-                self.states.allocated(req_id, per_group, num_external_tokens)
+                self.states.cache.allocated(req_id, per_group, num_external_tokens)
 
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
@@ -426,9 +415,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self.preemptions += len(preempted)
         plan = self.manager.build_step(scheduled, preempted)
         plan.idle = scheduler_output.total_num_scheduled_tokens == 0
-        states = None
         if self.states is not None:
-            states = self._state_step(scheduler_output)
+            plan.states = self.states.step(scheduler_output, self._requests)
         if timeline.enabled():
             timeline.event(
                 "sched.step",
@@ -448,20 +436,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 self.manager.budget.used,
                 self.manager.budget.limit,
             )
-        return KVTierMetadata(plan, states)
-
-    def _state_step(self, scheduler_output: SchedulerOutput) -> StepPlan:
-        """Offer this step's boundary states to the state cache; its plan for the step."""
-        assert self.states is not None and self.manager is not None
-        for req_id, offers in boundary_offers(scheduler_output).items():
-            request = self._requests.get(req_id)
-            if request is None:
-                continue
-            top = max(b for _, _, b in offers)
-            keys = chain_keys(self.manager, req_id, request.all_token_ids[:top])
-            for group, block, boundary in offers:
-                self.states.offer(req_id, group, block, boundary, keys)
-        return self.states.build_step()
+        return KVTierMetadata(plan)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self.manager is not None
@@ -470,8 +445,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             timeline.event("sched.output", recving=sorted(connector_output.finished_recving or ()))
         if isinstance(meta, KVTierWorkerMetadata):
             self.manager.on_report(meta.report)
-            if self.states is not None and meta.states is not None:
-                self.states.cache.on_report(meta.states)
+            if self.states is not None:
+                self.states.on_report(meta.report)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -485,7 +460,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         ids = self.setup.codec.encode(self.setup.attention(block_ids))
         req_id = request.request_id
         if self.states is not None:
-            self.states.forget(req_id)
+            self.states.cache.forget(req_id)
         self._planned_async.pop(req_id, None)
         delay = self.manager.request_finished(
             req_id, request.all_token_ids, request.num_computed_tokens, ids
@@ -500,7 +475,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         # the scheduler (and the chunks become hits) even when no request is running.
         if self.events is not None and self.events.pending():
             return True  # events left over by a bounded take: publish them on later steps
-        if self.states is not None and self.states.cache.has_pending_jobs():
+        if self.states is not None and self.states.pending():
             return True
         return self.manager is not None and self.manager.has_pending_jobs()
 
@@ -510,7 +485,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def reset_cache(self) -> bool | None:
         if self.states is not None:
-            self.states.cache.reset()
+            self.states.cache.cache.reset()
         return self.manager.reset() if self.manager is not None else None
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
@@ -540,49 +515,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         timeline.event("worker.register", phase="start")
-        s = self.setup
-        if s.groups.recurrent:
+        if self.setup.groups.recurrent:
             return  # offload off (the scheduler logged why): no regions, no tier memory
-        kvc = self._kv_cache_config
-        if s.states:
-            self.hybrid = self._register_states(kv_caches)
-            names = {n for i in s.groups.state_groups for n in kvc.kv_cache_groups[i].layer_names}
-            kv_caches = {n: t for n, t in kv_caches.items() if n not in names}
-        dims = require_dims(declared_block_dims(self._vllm_config, kvc, kv_caches))
-        regions = _regions(s, kvc, kv_caches, dims)
-        slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
-        if slot_bytes != s.chunk_bytes:
-            log.warning(
-                "kvtier: engine chunk is %d bytes, geometry says %d; using the engine's",
-                slot_bytes,
-                s.chunk_bytes,
-            )
-        ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
-        stores = build_stores(s.config, ctx)  # fault wrappers included, if configured
-        timeline.event("worker.register", phase="stores")
-        engine = TransferEngine(regions, stores, s.blocks_per_chunk)
-        layers = _layer_order(regions) if _layer_loads(s.config.layer_loads, regions) else []
-        self.worker = WorkerSide(engine, layers=layers)
-        timeline.event("worker.register", phase="ready", load_bandwidth=engine.load_bandwidth)
-        log.info(
-            "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s, sync loads %s",
-            len(regions.regions),
-            slot_bytes,
-            (engine.load_bandwidth or 0) / 1e9,
-            f"layer by layer ({len(layers)} layers)" if layers else "before the forward",
-        )
-
-    def _register_states(self, kv_caches: dict[str, torch.Tensor]) -> HybridWorker:
-        s, kvc = self.setup, self._kv_cache_config
-        pages = state_pages(kvc, s.groups.state_groups, kv_caches)
-        stores = build_stores(s.config, s.state_context(_tp_rank()), s.state_specs)
-        log.info(
-            "kvtier worker: recurrent states of %d bytes (%d layers in %d groups)",
-            s.state_bytes,
-            sum(len(g) for g in pages),
-            len(pages),
-        )
-        return HybridWorker(StateMover(pages, stores))
+        self.worker = _worker_side(self.setup, self._vllm_config, self._kv_cache_config, kv_caches)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self.worker is not None and isinstance(kv_connector_metadata, KVTierMetadata):
@@ -597,15 +532,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None and isinstance(connector_metadata, KVTierMetadata):
             timeline.event("worker.bind", loads=len(connector_metadata.plan.loads))
             self.worker.begin_step(connector_metadata.plan)
-            if self.hybrid is not None:
-                self.hybrid.begin_step(connector_metadata.plan, connector_metadata.states)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self.worker is not None:
             timeline.event("worker.start_load")
             self.worker.start_loads()
-            if self.hybrid is not None:
-                self.hybrid.mover.start_loads()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self.worker is not None:
@@ -620,8 +551,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None:
             timeline.event("worker.wait_for_save")
             self.worker.end_forward()
-            if self.hybrid is not None:
-                self.hybrid.mover.end_forward()  # offers hold only until the step ends
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.worker is None:
@@ -635,11 +564,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         out = KVConnectorTransferResults(set(sending or ()), set(recving or ()))
         if self.worker is not None and self.setup.request_failures:
             out.failed_recving = self.worker.failed_requests(out.finished_recving)
-            if self.hybrid is not None:
-                # A hybrid hit is received when its attention chunks and its state are.
-                out.finished_recving, out.failed_recving = self.hybrid.results(
-                    out.finished_recving, out.failed_recving
-                )
         return out
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -651,13 +575,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_worker_meta(self) -> KVTierWorkerMetadata | None:
         if self.worker is None:
             return None
-        states = self.hybrid.mover.report() if self.hybrid is not None else None
-        return KVTierWorkerMetadata(self.worker.report(), states)
+        return KVTierWorkerMetadata(self.worker.report())
 
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
-        if self.hybrid is not None:
-            self.hybrid.mover.close()
-            self.hybrid = None
