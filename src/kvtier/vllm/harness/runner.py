@@ -252,7 +252,7 @@ def drop_states(llm: Any, op: dict[str, Any]) -> int:
         raise ValueError("runner: drop_states needs an in-process hybrid engine with kvtier")
     chain = conn.manager.namespace.key_chain(conn.manager.chunk_tokens, NO_INPUTS)
     chain.update(op["prompt"])
-    return int(conn.states.drop(chain.keys, int(op["from"])))
+    return int(conn.states.cache.drop(chain.keys, int(op["from"])))
 
 
 def drain(llm: Any, timeout: float = 30.0) -> None:
@@ -267,7 +267,7 @@ def drain(llm: Any, timeout: float = 30.0) -> None:
 
     def pending() -> bool:
         return conn.manager.has_pending_jobs() or (
-            states is not None and states.cache.has_pending_jobs()
+            states is not None and states.pending()
         )
 
     while pending() and time.monotonic() < deadline:
@@ -324,9 +324,10 @@ def inspect(llm: Any, keys: bool = False) -> dict[str, Any]:
 
 def _inspect_states(conn: Any) -> dict[str, Any]:
     """The recurrent states of a hybrid model (none for other models)."""
-    states = getattr(conn, "states", None)
-    if states is None:
+    hybrid = getattr(conn, "states", None)
+    if hybrid is None:
         return {}
+    states = hybrid.cache
     return {
         "states": {
             "stored": states.stored_offers,
