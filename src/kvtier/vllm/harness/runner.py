@@ -17,7 +17,7 @@ SPEC (JSON)::
           "image": {"seed": 1, "size": 64} | null}],
          "max_concurrency": 4},
         {"op": "reset_prefix_cache"}, {"op": "drain"}, {"op": "settle"},
-        {"op": "stores", "on": false}]}
+        {"op": "stores", "on": false}, {"op": "drop_states", "prompt": [ids], "from": 288}]}
 
 ``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
 than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
@@ -34,7 +34,9 @@ kvtier has no job in flight. ``settle`` waits until kvtier's CPU tier memory is 
 in (done in the background after start-up; see :mod:`kvtier.vllm.probe`) and records the
 wait in OUT's ``settle`` list. ``stores`` (in-process engines with the connector) turns
 kvtier's stores off (``"on": false``: the admission policy refuses every chunk, lookups
-and hits go on) or back on, so one engine can measure what its stores cost. OUT holds
+and hits go on) or back on, so one engine can measure what its stores cost. ``drop_states``
+(in-process hybrid engines with the connector) forgets kvtier's recurrent states of
+``prompt``'s chain at every boundary from ``from`` tokens on, as an eviction would. OUT holds
 every op's results and, with ``inspect``, kvtier's
 internal state (in-process engines only), with ``inspect_keys`` also every tier's readable
 chunk keys and the key seed. ``kv_events`` turns vLLM's KV events on (``KVEventsConfig``
@@ -266,9 +268,7 @@ def drain(llm: Any, timeout: float = 30.0) -> None:
     states = getattr(conn, "states", None)
 
     def pending() -> bool:
-        return conn.manager.has_pending_jobs() or (
-            states is not None and states.pending()
-        )
+        return conn.manager.has_pending_jobs() or (states is not None and states.pending())
 
     while pending() and time.monotonic() < deadline:
         core.step()
