@@ -69,6 +69,32 @@ single-tier hit (all HOST) and a mixed one (first half HOST, second half DISK):
     previous-format keys in the indexes (``prev keys`` column), so the scheduler cost with
     the new keys stands next to the cost with today's main's.
 
+(e) *A request's whole life on the scheduler thread* (:mod:`request_lifecycle`): a
+    128k-token request's keys, lookup, the policies' observe, load plan, allocation, hit
+    sources, its prefill in engine steps of 8,192 tokens (store reservation, job, commit
+    of the chunks each step completes), completion and release, all timed, on a fresh
+    manager whose CPU tier holds nothing (``cold``), the prompt's first half (``half``:
+    it loads that and stores the rest, every phase named above) or all of it (``hit``);
+    against vLLM's own block hashing of the same tokens in the same run (its default hash,
+    sha256 of pickled blocks, 16-token blocks), with kvtier's keys alone and a keyed
+    re-hash of vLLM's block hashes (what reusing them as keys would cost) next to it.
+    Ratios are per run (the same prompt, one after the other in each iteration); the
+    summary gives the worst of the runs.
+(f) *Per step with many requests* (:mod:`connector_step`): ``build_connector_meta`` of a
+    real scheduler-side connector bound to a real vLLM ``KVCacheManager`` with 256 running
+    requests (2,048-token prompts) in decode, nothing to store, against the same call
+    gathering every request's block ids (as before ``CacheManager.store_due``), alternate
+    steps. Parts (e) and (f) run after ``gc.freeze()``, as vLLM's engine core freezes its
+    startup heap (vLLM's modules are imported by then: without it, a full collection of
+    their objects lands in whichever timed region triggers it).
+(g) *Prefetch on arrival* (``prefetch`` on; :mod:`kvtier.stack.prefetch`), once per
+    request: ``CacheManager.on_new_request`` on a 128k-token prompt (16-token chunks) over a
+    CPU + disk stack when nothing of it is on a slow tier only: the whole chain in the CPU
+    tier (``held``), or nowhere (``miss``). The request's keys are computed before the
+    timed region (untimed warm-up lookup): arrival computes them in place of the first
+    lookup, which then finds them made, so that is not work arrival adds. Target <= 0.05 ms
+    (the prefetch issue), both cases, worst of the repeats.
+
 The tiers' eviction policy is the connector's default (``--eviction`` picks another, e.g.
 ``lru`` for the figures before chain-arc became the default).
 
@@ -78,7 +104,10 @@ for speedups, the lowest), with the median and best runs next to it where it mat
 
 Targets (the design's, the tier-stack and the tier-events issues'): (a) kvtier >= 1,000x
 faster than the sweep at 128k; (b) <= 1 ms at 128k (the newer goal: 0.3 ms); (c) events on
-add <= 0.1 ms at 128k, to (b) and to a store's bookkeeping (each the worst of the repeats).
+add <= 0.1 ms at 128k, to (b) and to a store's bookkeeping (each the worst of the repeats);
+(e) the ``half`` request's whole life <= 0.5x vLLM's block hashing; (g) prefetch's arrival
+work <= 0.05 ms per 128k-token request with nothing on a slow tier (each the worst of the
+repeats).
 
 Python's garbage collector stays enabled (as in a server); medians absorb its pauses. One
 thread (the scheduler's), no binding.
@@ -107,13 +136,14 @@ from common import (
     worst_run,
     write_json,
 )
+from connector_step import RUNNING, measure_connector_step
 from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.events import TierEvents
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager
+from kvtier.manager import CacheManager, on_new_request
 from kvtier.policies import EvictionPolicy, make_eviction_policy
 from kvtier.policies.defaults import tier_eviction_name
 from kvtier.sources import HitRun, HitSource, hit_sources
@@ -123,6 +153,7 @@ from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
 from kvtier.tiers.disk.kind import DiskOptions
 from kvtier.tiers.index import SlotIndex
+from request_lifecycle import STEP_TOKENS, VARIANTS, measure_run
 
 HIT_TOKENS = (8 << 10, 32 << 10, 128 << 10)
 CHUNK_TOKENS = (16, 256)
@@ -139,6 +170,10 @@ TARGET_EVENTS_MS_128K = 0.1
 REPEATS = 5
 """Runs of every measurement (``--repeats``), each on a freshly built case."""
 NEWER_TARGET_SCHED_MS_128K = 0.3
+TARGET_ARRIVAL_MS_128K = 0.05
+"""Prefetch's arrival-time work per 128k-token request with nothing on a slow tier."""
+TARGET_LIFECYCLE_OVER_VLLM_HASH = 0.5
+"""A 128k-token request's whole scheduler-thread cost against vLLM's block hashing."""
 KEY_CHUNK_TOKENS = (16, 32, 256)
 REQ_ID = "req-0"
 
@@ -442,6 +477,41 @@ def measure_scheduler(
     }
 
 
+def measure_arrival(held: bool, iters: int, warmup: int = 3) -> dict[str, float]:
+    """Part (g): ``on_new_request`` with prefetch on, keys already computed; ``held``: the
+    chain is in the CPU tier (and on disk), else nowhere. Nothing is prefetched (asserted)."""
+    c, hit_tokens = 16, 128 << 10
+    rng = random.Random(1)
+    tokens = [rng.randrange(49152) for _ in range(hit_tokens + TAIL_TOKENS)]
+    namespace = Namespace("HuggingFaceTB/SmolLM2-135M", LAYOUT.digest())
+    keys = chunk_keys(tokens, c, namespace.seed())
+    n, chunk_bytes = len(keys), LAYOUT.chunk_bytes(c)
+    specs = (
+        TierSpec("cpu", capacity=n * chunk_bytes, eviction=EVICTION),
+        TierSpec("disk", capacity=n * chunk_bytes, eviction=EVICTION, options=DiskOptions()),
+    )
+    config = KVTierConfig(chunk_tokens=c, tiers=specs, prefetch=True)
+    stack = build_stack(config, TierContext(chunk_bytes, namespace, restore=False))
+    if held:
+        for tier in stack.tiers:
+            assert isinstance(tier.index, SlotIndex)
+            assert store_chain(tier.index, keys, n) == n
+    manager = CacheManager(config, LAYOUT, namespace, BLOCK_TOKENS, stack)
+    assert manager.arrivals.prefetching()
+    manager.lookup(REQ_ID, tokens, 0)  # untimed: the request's keys
+    clock = time.perf_counter_ns
+    times: list[int] = []
+    gc.collect()
+    for i in range(warmup + iters):
+        t0 = clock()
+        on_new_request(manager, REQ_ID, tokens)
+        t1 = clock()
+        if i >= warmup:
+            times.append(t1 - t0)
+    assert manager.arrivals.prefetch.inflight == 0 and not manager.movement.pending
+    return stats_ns(times)
+
+
 def paired_hit_times(case: Case, iters: int, log: TierEvents) -> tuple[list[int], list[int]]:
     """The (b) region timed with events off and on in alternate iterations (so both see the
     same machine load): the log's listeners detached / attached (untimed) and, when on, the
@@ -650,6 +720,117 @@ def combine_key_cost(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# -- (e), (f): the whole request, and one step of many ---------------------------------------
+
+
+def measure_lifecycles(repeats: int, iters: int) -> list[dict[str, Any]]:
+    """Part (e): ``repeats`` runs of :func:`request_lifecycle.measure_run`."""
+    gc.collect()
+    gc.freeze()  # as vLLM's engine core does after startup (module docstring)
+    return [measure_run(iters, seed=r) for r in range(repeats)]
+
+
+def measure_steps(repeats: int, iters: int) -> list[dict[str, Any]]:
+    """Part (f): one connector with RUNNING requests, ``repeats`` runs of decode steps."""
+    return [measure_connector_step(iters) for _ in range(1 if repeats < 3 else 2)]
+
+
+def lifecycle_summary(life: list[dict[str, Any]], step: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary keys of parts (e) and (f): every figure the worst run's."""
+    out: dict[str, Any] = {}
+    worst = max(life, key=lambda r: r["half"]["over_vllm_hash"])
+    out["request_lifecycle_ms_128k"] = max(r["half"]["total"]["median_us"] for r in life) / 1e3
+    out["vllm_block_hash_ms_128k"] = worst["vllm_block_hash"]["median_us"] / 1e3
+    out["vllm_block_hash_fn"] = worst["hash"]
+    out["request_lifecycle_over_vllm_hash_128k"] = worst["half"]["over_vllm_hash"]
+    out["request_lifecycle_over_vllm_hash_128k_runs"] = [r["half"]["over_vllm_hash"] for r in life]
+    for v in VARIANTS:
+        if v == "half":
+            continue
+        out[f"request_lifecycle_ms_128k_{v}"] = max(r[v]["total"]["median_us"] for r in life) / 1e3
+        out[f"request_lifecycle_over_vllm_hash_128k_{v}"] = max(
+            r[v]["over_vllm_hash"] for r in life
+        )
+    out["kvtier_keys_ms_128k"] = max(r["kvtier_keys"]["median_us"] for r in life) / 1e3
+    out["kvtier_keys_over_vllm_hash_128k"] = max(
+        r["kvtier_keys"]["median_us"] / r["vllm_block_hash"]["median_us"] for r in life
+    )
+    out["rekey_vllm_hashes_ms_128k"] = max(r["rekey_vllm_hashes"]["median_us"] for r in life) / 1e3
+    out["target_request_lifecycle_over_vllm_hash"] = TARGET_LIFECYCLE_OVER_VLLM_HASH
+    out["request_lifecycle_target_met"] = (
+        out["request_lifecycle_over_vllm_hash_128k"] <= TARGET_LIFECYCLE_OVER_VLLM_HASH
+    )
+    out["build_connector_meta_ms_256_running"] = (
+        max(s["decode_step"]["median_us"] for s in step) / 1e3
+    )
+    out["build_connector_meta_ms_256_running_gather_all"] = (
+        max(s["decode_step_gathering_every_request"]["median_us"] for s in step) / 1e3
+    )
+    out["build_connector_meta_prefill_ms_256_running"] = (
+        max(s["prefill_step_us"] for s in step) / 1e3
+    )
+    return out
+
+
+def print_lifecycles(
+    life: list[dict[str, Any]], step: list[dict[str, Any]], summary: dict[str, Any], repeats: int
+) -> None:
+    rows = []
+    for v in VARIANTS:
+        ratios = [r[v]["over_vllm_hash"] for r in life]
+        worst = max(life, key=lambda r: r[v]["over_vllm_hash"])[v]
+        rows.append(
+            [
+                v,
+                fmt_time_us(max(r[v]["total"]["median_us"] for r in life)),
+                f"{max(ratios):.2f} / {statistics.median(ratios):.2f} / {min(ratios):.2f}",
+                *(
+                    fmt_time_us(worst[k]["median_us"])
+                    for k in ("lookup", "load", "steps", "finish")
+                ),
+            ]
+        )
+    print()
+    print(
+        format_table(
+            [
+                "request",
+                "whole life",
+                "/ vLLM hash",
+                "lookup+keys",
+                "load",
+                "prefill steps",
+                "finish",
+            ],
+            rows,
+            title=f"(e) a 128k-token request's whole life on the scheduler thread (median; "
+            f"worst / median / best of {len(life)} runs; prefill in {STEP_TOKENS}-token "
+            f"steps); vLLM's block hashing ({life[0]['hash']}) of the same tokens "
+            f"{summary['vllm_block_hash_ms_128k']:.2f} ms in the worst run",
+        )
+    )
+    print(
+        f"  kvtier keys alone {summary['kvtier_keys_ms_128k']:.2f} ms "
+        f"({summary['kvtier_keys_over_vllm_hash_128k']:.2f}x vLLM's hashing); a keyed "
+        f"re-hash of vLLM's block hashes {summary['rekey_vllm_hashes_ms_128k']:.2f} ms"
+    )
+    print()
+    print(
+        f"(f) build_connector_meta, {RUNNING} running requests in decode (nothing to store): "
+        f"{summary['build_connector_meta_ms_256_running']:.3f} ms per step (gathering every "
+        f"request's block ids, as before: "
+        f"{summary['build_connector_meta_ms_256_running_gather_all']:.3f} ms); their prefill "
+        f"step, storing every prompt: {summary['build_connector_meta_prefill_ms_256_running']:.1f}"
+        f" ms (worst of {len(step)} runs)"
+    )
+    print(
+        f"  request_lifecycle_over_vllm_hash_128k = "
+        f"{summary['request_lifecycle_over_vllm_hash_128k']:.2f} (worst of {repeats}); target "
+        f"<= {TARGET_LIFECYCLE_OVER_VLLM_HASH}: "
+        f"{'MET' if summary['request_lifecycle_target_met'] else 'MISSED'}"
+    )
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -681,6 +862,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     results: list[dict[str, Any]] = []
     t_start = time.perf_counter()
+    arrival = {
+        case: worst_run([measure_arrival(case == "held", iters) for _ in range(repeats)])
+        for case in ("held", "miss")
+    }
+    arrival_ms = max(a["median_us"] for a in arrival.values()) / 1e3
+    print(
+        "  (g) prefetch on arrival, 128k tokens, nothing on a slow tier: "
+        + ", ".join(
+            f"{case} {a['median_us']:.2f} us (best {a['median_us_best']:.2f})"
+            for case, a in arrival.items()
+        )
+        + f"; target <= {TARGET_ARRIVAL_MS_128K} ms: "
+        + ("MET" if arrival_ms <= TARGET_ARRIVAL_MS_128K else "MISSED")
+    )
     for c in CHUNK_TOKENS:
         for mix in MIXES:
             for hit_tokens in HIT_TOKENS:
@@ -977,6 +1172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "events_store_target_met": store["delta_us"] / 1e3 <= TARGET_EVENTS_MS_128K,
         "events_request_delta_ms_128k_worst": request_delta,
         "events_request_target_met": request_delta <= TARGET_EVENTS_MS_128K,
+        "prefetch_arrival_ms_128k": arrival_ms,
+        "prefetch_arrival_ms_128k_held": arrival["held"]["median_us"] / 1e3,
+        "prefetch_arrival_ms_128k_miss": arrival["miss"]["median_us"] / 1e3,
+        "target_prefetch_arrival_ms_128k": TARGET_ARRIVAL_MS_128K,
+        "prefetch_arrival_target_met": arrival_ms <= TARGET_ARRIVAL_MS_128K,
     }
     print()
     print(
@@ -1051,6 +1251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{summary['key_cost_ms_128k_chunk32_legacy']:.2f} ms; without the native chain "
         f"{no_native:.2f} ms"
     )
+    life = measure_lifecycles(repeats, max(3, iters // 40))
+    step = measure_steps(repeats, max(5, iters // 10))
+    summary.update(lifecycle_summary(life, step))
+    print_lifecycles(life, step, summary, repeats)
     write_json(
         args.json,
         {
@@ -1079,6 +1283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             "cases": results,
             "key_cost": key_cost,
+            "request_lifecycle": life,
+            "connector_step": step,
         },
     )
     return 0

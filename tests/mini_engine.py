@@ -64,6 +64,7 @@ class MiniEngine:
         seed=0,
         disk_dir=None,
         disk_chunks=64,
+        disk_fault: FaultPlan | None = None,
         request_failures=False,
     ):
         """``request_failures``: behave as vLLM with several KV-cache groups: every hit
@@ -94,6 +95,7 @@ class MiniEngine:
                         eviction=config.disk_eviction,
                         on_store="skip" if back else "through",
                         on_evict="demote" if back else "drop",
+                        faults=disk_fault,
                     )
                 )
             config = dataclasses.replace(config, tiers=tuple(specs))
@@ -129,11 +131,26 @@ class MiniEngine:
         self.wrong = 0
         self.recomputed = 0
 
-    def add(self, req_id: str, tokens: list[int]) -> Req:
+    def add(self, req_id: str, tokens: list[int], arrive: bool = False, hints=None) -> Req:
+        """Queue a request; ``arrive``: tell the manager first, as vLLM's
+        ``on_new_request`` does (its prefetch, its ``hints``)."""
         r = Req(req_id, list(tokens))
         self.reqs[req_id] = r
         self.waiting.append(r)
+        if arrive:
+            from kvtier.hints import NO_HINTS
+            from kvtier.manager import on_new_request
+
+            on_new_request(self.manager, req_id, r.tokens, hints=hints or NO_HINTS)
         return r
+
+    def abort(self, req_id: str) -> None:
+        """Abort a request that is still waiting (and holds no blocks): vLLM frees it."""
+        r = self.reqs[req_id]
+        assert not r.blocks, "abort: only requests without blocks"
+        self.waiting.remove(r)
+        r.done = True
+        self.manager.request_finished(req_id, r.tokens, 0, [])
 
     def _write(self, r: Req, lo: int, hi: int) -> None:
         kv = oracle_kv(r.tokens[:hi])

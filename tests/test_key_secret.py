@@ -28,7 +28,12 @@ def test_secret_from_env_and_file_are_the_same_key(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("config", "env", "content", "match"),
     [
-        ({"key_secret_env": "KVT_UNSET_SECRET"}, None, None, "key_secret_env: .* is not set"),
+        (
+            {"key_secret_env": "KVT_UNSET_SECRET"},
+            None,
+            None,
+            "key_secret_env: the environment variable it names is unset",
+        ),
         ({"key_secret_env": "KVT_TEST_SECRET"}, "", None, "key_secret_env: .* is empty"),
         ({"key_secret_env": "KVT_TEST_SECRET"}, "short", None, "holds 5 bytes"),
         ({"key_secret_file": "{tmp}/missing"}, None, None, "key_secret_file: cannot read"),

@@ -231,6 +231,58 @@ def test_prompt_embeds_key_their_chunks():
     assert a != keys_with(KeyInputs(), toks)
 
 
+class _Ids:
+    """A token sequence that is not a list (as vLLM's ConstantList): slices into lists."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        return self._ids[i]
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(st.integers(0, 2**32 - 1), max_size=300),
+    st.integers(1, 24),
+    st.booleans(),
+    st.booleans(),
+    st.data(),
+)
+def test_native_keys_match_the_python_path(tokens, chunk, as_list, with_image, data):
+    """KeyChain.update's one native call (ids -> keys) gives the Python path's keys, however
+    the tokens arrive (group tags continued across calls), from a list or another sequence,
+    with per-chunk inputs or none."""
+    assert keyhash.native_keys() is not None
+    inputs = KeyInputs(mm=(MMInput("img", 5, 20),)) if with_image else KeyInputs()
+    native, python = NS.key_chain(chunk, inputs), NS.key_chain(chunk, inputs)
+    cut = 0
+    while cut < len(tokens):
+        cut = data.draw(st.integers(cut + 1, len(tokens)))
+        seq = tokens[:cut] if as_list else _Ids(tokens[:cut])
+        n = native.update(seq)
+        base = len(python.keys)
+        n_py = (cut - base * chunk) // chunk
+        if n_py > 0:
+            extras = python._extras(base, n_py) if inputs.per_chunk else None
+            python._update_python(tokens[:cut], base, n_py, extras)
+        assert n == max(0, n_py)
+        assert native.keys == python.keys and native._last == python._last
+
+
+def test_native_keys_refuse_what_is_not_a_token_id():
+    for bad in ([-1], [2**32], [1.5], ["a"]):
+        with pytest.raises(ValueError, match="token ids"):
+            chunk_keys(bad * 16, 16, SEED)
+    # an int-like id (numpy's) is read through __index__, as array("I") reads it
+    import numpy as np
+
+    assert chunk_keys([np.int64(7)] * 16, 16, SEED) == chunk_keys([7] * 16, 16, SEED)
+
+
 def test_the_written_out_public_hash_key_is_the_derived_one():
     # keys.py spells it out so importing kvtier needs no blake3; it must stay the KDF's.
     from kvtier import keyhash

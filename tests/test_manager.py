@@ -2,7 +2,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig, SyncBudget
@@ -346,3 +346,48 @@ def test_random_read_failures_recompute_exact_kv_in_either_failure_mode(
             assert all(r.sync_hit == 0 for r in reqs), "several groups: every load async"
     finally:
         e.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 14), st.booleans(), st.booleans()),
+        max_size=40,
+    )
+)
+@example([(0, 2, False, True), (0, 3, False, False), (0, 3, False, True)])
+def test_store_due_false_means_the_step_stores_nothing_for_the_request(ops):
+    """The connector skips gathering a request's blocks when ``store_due`` says so; that
+    must only happen when the step would plan no store for it anyway. Four requests whose
+    prompts share prefixes, a tier of 10 chunks (so stores evict each other's chunks),
+    random limits, lookups or none, stores that succeed or fail."""
+    from kvtier.jobs import JobResult, WorkerReport
+    from kvtier.keys import Namespace
+    from kvtier.layout import KVLayout
+    from kvtier.manager import CacheManager, ScheduledRequest
+    from kvtier.stack.build import build_stack
+    from kvtier.stack.kinds import TierContext
+
+    layout = KVLayout.dense(2, 1, 8, "float32")
+    ns = Namespace("m", layout.digest())
+    cfg = KVTierConfig(chunk_tokens=8, cpu_bytes=10 * layout.chunk_bytes(8))
+    m = CacheManager(
+        cfg, layout, ns, 8, build_stack(cfg, TierContext(layout.chunk_bytes(8), ns, False))
+    )
+    prompts = [[r % 2] * 24 + [r] * 88 for r in range(4)]  # 14 chunks each
+    blocks = list(range(14))
+    for r, chunks, looked_up, ok in ops:
+        rid, toks = f"r{r}", prompts[r]
+        if looked_up and m._reqs.get(rid) is None:
+            m.lookup(rid, toks, 0)
+        limit = chunks * 8 + r  # a partial chunk too
+        due = m.store_due(rid, limit)
+        plan = m.build_step([ScheduledRequest(rid, toks, limit, blocks, len(toks))])
+        mine = [j for j in plan.stores if j.kind == "store" and j.req_id == rid]
+        if not due:
+            assert not mine, (rid, limit)
+        results = [
+            JobResult(j.job_id, j.req_id, j.kind, j.tier, j.sync, [ok] * len(j.keys), 0, 0.0)
+            for j in (*plan.loads, *plan.stores)
+        ]
+        m.on_report(WorkerReport(results))

@@ -21,6 +21,7 @@ from kvtier.tiers.remote.keyspace import PREFIX
 from kvtier.tools.cli import main
 from kvtier.tools.purge import target_of
 from kvtier.tools.purge.remote import purge_remote
+from kvtier.tools.redis_server import RedisServer
 from redis_fixtures import flush, server  # noqa: F401  (fixture)
 
 SLOT = 8192
@@ -268,3 +269,64 @@ def test_purge_disk_covers_hybrid_states(tmp_path, capsys):
     for sub in (root, root / "states"):
         assert not any(_disk_reads(sub, A)), sub
         assert all(_disk_reads(sub, B)), sub
+
+
+def test_purge_reaches_a_mutual_tls_server_with_an_acl_user_and_a_password_file(tmp_path):
+    """Issue 45, finding 4: the recommended deployment (docs/security.md section 3: TLS with
+    a private CA and client certificates, the kvtier ACL user, the password in a 0600 file)
+    is purged by ``kvtier purge`` run as its own process with the tier's own options; on
+    main it had no such options and failed with a certificate error. A tenant given
+    without the secret that keys its names matched nothing: said on stderr, with why."""
+    import subprocess
+    import sys
+
+    from kvtier.config import KVTierConfig
+    from kvtier.tiers.remote.kind import client_for, secret_for
+    from kvtier.tools.tls_certs import make_certs
+    from test_secrets import ACL_PASSWORD, acl_line
+
+    certs = make_certs(tmp_path / "tls")
+    pw = tmp_path / "kvtier-redis"
+    pw.write_text(ACL_PASSWORD + "\n")
+    pw.chmod(0o600)
+    secret = tmp_path / "values"
+    secret.write_text("v" * 64 + "\n")
+    secret.chmod(0o600)
+    with RedisServer(tls=certs, acl=[acl_line()]) as s:
+        url = s.url.replace("://", "://kvtier:@", 1)
+        tls = {"ssl_ca": str(certs.ca), "ssl_cert": str(certs.client_cert)}
+        tls["ssl_key"] = str(certs.client_key)
+        entry = {"kind": "redis", "url": url, "password_file": str(pw), **tls}
+        spec = KVTierConfig.from_dict(
+            {"tiers": [{"kind": "cpu"}, {**entry, "secret_file": str(secret)}]}
+        ).tiers[1]
+        ns = Namespace("org/model-a@", "layout-1", "tp1pp1", "tenant-x")
+        store = RemoteStore(client_for(spec), KeySpace(ns, secret_for(spec)), SLOT, ns.digest())
+        try:
+            keys = chunk_keys(list(range(4 * 3)), 4, ns.seed())
+            assert store.write([-1] * 3, keys, _segs(torch.zeros(3, SLOT, dtype=torch.uint8)))
+        finally:
+            store.close()
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in tls.items()]
+        flags += ["--password-file", str(pw)]
+
+        def purge(*args: str) -> subprocess.CompletedProcess[str]:
+            cmd = [sys.executable, "-m", "kvtier.tools.cli", "purge", "--remote", url, *args]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_REDIS")}
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+        # The tenant's names are keyed by the tier's secret: without it, nothing matches.
+        got = purge(*flags, "--namespace", "tenant-x")
+        assert got.returncode == 0, got.stderr
+        assert "removed 0 chunks" in got.stdout
+        assert "no chunk matched" in got.stderr and "--secret-file" in got.stderr
+        got = purge(*flags, "--namespace", "tenant-x", "--secret-file", str(secret))
+        assert got.returncode == 0 and "removed 3 chunks" in got.stdout, got.stderr
+        assert "no chunk matched" not in got.stderr
+        # Without the client certificate the server refuses: one line, no password shown.
+        got = purge("--ssl-ca", str(certs.ca), "--password-file", str(pw), "--all")
+        assert got.returncode == 2 and ACL_PASSWORD not in got.stderr + got.stdout
+        # A bad option is one config error line naming the flag.
+        got = purge(*flags[:1], "--all")
+        assert got.returncode == 2 and "ssl_cert" not in got.stdout
+        assert ACL_PASSWORD not in got.stderr + got.stdout

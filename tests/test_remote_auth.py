@@ -175,7 +175,7 @@ def test_garbage_value_healed(server, mode):  # noqa: F811
         # The delete fails (the server refuses it): the next store overwrites anyway.
         raw.set(names[0], b"garbage")
 
-        def refuse(names):
+        def refuse(names, breaker=True):
             raise RemoteUnavailable("delete refused")
 
         store.client.delete = refuse  # type: ignore[method-assign]
@@ -406,7 +406,7 @@ def _cfg(redis_tier: dict) -> KVTierConfig:
     ("entry", "env", "start"),
     [
         ({"secret_file": "/nonexistent/kvtier-secret"}, {}, "tiers[1].secret_file: cannot read"),
-        ({"secret_env": "KVT_TEST_SECRET"}, {}, "tiers[1].secret_env: environment variable"),
+        ({"secret_env": "KVT_TEST_SECRET"}, {}, "tiers[1].secret_env: the environment variable it"),
         ({"secret_env": "KVT_TEST_SECRET"}, {"KVT_TEST_SECRET": ""}, "tiers[1].secret_env: the"),
         ({"secret_env": "KVT_TEST_SECRET"}, {"KVT_TEST_SECRET": "short-pw"}, "tiers[1].secret_env"),
         ({"encrypt": True}, {}, "tiers[1].encrypt: encryption needs a secret"),
@@ -461,7 +461,10 @@ def test_a_secret_gone_at_build_time_stores_nothing(server, monkeypatch):  # noq
     stores["redis"].close()
     monkeypatch.delenv("KVT_TEST_SECRET")
     for build in (build_stores, build_stack):
-        with pytest.raises(ConfigError, match=r"tier 'redis'\.secret_env: environment variable"):
+        with pytest.raises(
+            ConfigError,
+            match=r"tier 'redis'\.secret_env: the environment variable it names is unset",
+        ):
             build(cfg, ctx)
     assert raw_client(server.url).dbsize() == 0
 

@@ -72,10 +72,17 @@ def test_credentials_from_url_or_environment_are_masked():
 @pytest.mark.parametrize(
     ("url", "fragment"),
     [
-        ("http://h:1", "not a remote-store URL"),
-        ("redis://h:99999", "bad port"),
+        ("http://h:1", "scheme that is not accepted"),
+        ("redis://h:99999", "not a number from 1 to 65535"),
         ("redis://:pw@", "no host"),
-        ("redis+cluster://a:1/3", "bad database"),
+        ("redis+cluster://a:1/3", "database"),
+        # Issue 45, finding 5: '@host' forgotten; on main "bad port 'S3cr3tpw'".
+        ("redis://user:S3cr3tpw", "not a number from 1 to 65535"),
+        ("redis://user:S3cr3tpw/0", "not a number from 1 to 65535"),
+        ("redis://h:1/S3cr3tpw", "database"),
+        # A secret pasted where the URL goes.
+        ("S3cr3tpw", "has no scheme"),
+        ("pw://S3cr3tpw", "not accepted"),
         ("redis://h:1?ssl=1", "query parameters"),
     ],
 )
@@ -84,7 +91,7 @@ def test_bad_urls_are_refused_in_one_line_naming_the_tier(url, fragment):
         KVTierConfig.from_dict({"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": url}]})
     msg = str(e.value)
     assert msg.startswith("tiers[1].url:") and fragment in msg and "\n" not in msg
-    assert "pw" not in msg
+    assert "pw" not in msg and "3cr3t" not in msg
 
 
 @pytest.mark.parametrize(

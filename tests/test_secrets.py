@@ -255,7 +255,7 @@ def acl_line(user: str = "kvtier") -> str:
     """The grant docs/security.md shows (minus +client|setinfo, which 7.0 lacks)."""
     prefix = keyspace.PREFIX.decode()
     return (
-        f"user {user} on >{ACL_PASSWORD} resetkeys ~{prefix}* resetchannels -@all +get +set "
+        f"user {user} on >{ACL_PASSWORD} resetkeys ~{prefix}* resetchannels -@all +getrange +set "
         "+exists +unlink +del +scan +ping +evalsha +eval +script|load +command "
         "+cluster|slots +cluster|shards +readonly"
     )
@@ -292,3 +292,22 @@ def test_an_acl_user_on_a_cluster(monkeypatch):
     monkeypatch.setenv("KVTIER_REDIS_PASSWORD", ACL_PASSWORD)
     with RedisCluster(1, acl=[acl_line()]) as c:
         assert tier_roundtrip({"kind": "redis", "url": _acl_url(c.url), "timeout_ms": 3000}) == ALL
+
+
+@pytest.mark.parametrize("where", ["key_secret_env", "secret_env"])
+def test_a_secret_pasted_into_an_env_option_is_not_echoed(where, monkeypatch):
+    """Issue 45, finding 5: a secret put into ``secret_env`` / ``key_secret_env`` itself
+    (instead of the variable's name) was echoed as "environment variable '...' is unset"."""
+    pasted = "Zq7" + "x" * 40
+    monkeypatch.delenv(pasted, raising=False)
+    if where == "key_secret_env":
+        cfg = KVTierConfig.from_dict({"key_secret_env": pasted})
+        with pytest.raises(ConfigError) as e:
+            read_key_secret(cfg)
+    else:
+        with pytest.raises(ConfigError) as e:
+            KVTierConfig.from_dict(
+                {"tiers": [{"kind": "cpu"}, {"kind": "redis", "url": "redis://h", where: pasted}]}
+            )
+    msg = str(e.value)
+    assert where in msg and "is unset" in msg and "Zq7" not in msg and "xxxx" not in msg

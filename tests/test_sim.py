@@ -351,3 +351,30 @@ def test_the_oracle_progress_passes_match_its_replay():
     from kvtier.tools.sim.simulator import _BOUND_PASSES
 
     assert _BOUND_PASSES["oracle"] == ORACLE_PASSES
+
+
+def test_retain_hints_keep_an_agent_chain_through_background_traffic(tmp_path: Path) -> None:
+    """An agent's turn carries retain_s; 20 background chains flood a 12-block tier before
+    its next turn. With the hint (leases on the trace's clock) the next turn hits what the
+    lease covers (a quarter of the tier: 3 blocks); without it, or once the lease expired,
+    nothing."""
+
+    def trace(retain: float, gap_ms: int) -> Trace:
+        lines = [{"timestamp": 0, "input_length": 4 * BLOCK, "hash_ids": [1, 2, 3, 4]}]
+        if retain:
+            lines[0]["kvtier"] = {"retain_s": retain}
+        for j in range(20):
+            ids = [100 + 10 * j + i for i in range(4)]
+            lines.append({"timestamp": 600 + j, "input_length": 4 * BLOCK, "hash_ids": ids})
+        lines.append({"timestamp": gap_ms, "input_length": 5 * BLOCK, "hash_ids": [1, 2, 3, 4, 5]})
+        path = tmp_path / f"agent-{retain}-{gap_ms}.jsonl"
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return load_trace(path)
+
+    def agent_hit(t: Trace, hints: bool = True) -> int:
+        return replay_index(t, [12], "lru", hints=hints, check=True).hit_blocks[0]
+
+    assert agent_hit(trace(0, 1000)) == 0
+    assert agent_hit(trace(60, 1000)) == 3
+    assert agent_hit(trace(60, 1000), hints=False) == 0
+    assert agent_hit(trace(0.5, 1000)) == 0  # expired before the flood began

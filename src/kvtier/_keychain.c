@@ -5,10 +5,16 @@
  * whole chain is one call. The output is byte-identical to the blake3 package's keyed mode
  * over the same messages (tests/test_keys.py checks it), so both paths give the same keys.
  *
+ * kvt_keys (the scheduler's path) goes further: token ids (a Python list) to the list of
+ * chunk keys in one call, loaded with ctypes.PyDLL so it runs holding the GIL; it releases
+ * the GIL while it hashes.
+ *
  * This is a plain, portable implementation of the BLAKE3 specification (one compression at
  * a time, no SIMD): chunk keys hash a few hundred bytes per chunk, where the many-chunk
  * SIMD paths of a full library do not apply.
  */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +59,8 @@ static void compress(uint32_t cv[8], const uint8_t block[BLOCK], uint64_t counte
     for (int i = 0; i < 8; i++) v[i] = cv[i];
     for (int i = 0; i < 4; i++) v[8 + i] = IV[i];
     v[12] = (uint32_t)counter, v[13] = (uint32_t)(counter >> 32), v[14] = len, v[15] = flags;
+    /* Unrolled, the schedule's indexes are constants: about 15% off a compression. */
+#pragma GCC unroll 7
     for (int r = 0; r < 7; r++) {
         const uint8_t *s = SCHED[r];
         G(0, 4, 8, 12, m[s[0]], m[s[1]]);
@@ -137,4 +145,81 @@ int kvt_chain(const uint8_t key_bytes[32], const uint8_t seed[CV_BYTES], int64_t
     }
     free(msg);
     return 0;
+}
+
+enum { KEY_BYTES = 20, TAG_BYTES = 4, GROUP_CHUNKS = 16 };
+
+/* A token id as 4 little-endian bytes; -1 with a Python exception (not an int, out of
+ * [0, 2**32)). */
+static int token_le32(PyObject *item, uint8_t *out) {
+    unsigned long v;
+    if (PyLong_Check(item)) {
+        v = PyLong_AsUnsignedLong(item);
+    } else {
+        PyObject *i = PyNumber_Index(item);
+        if (!i) return -1;
+        v = PyLong_AsUnsignedLong(i);
+        Py_DECREF(i);
+    }
+    if (v == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (v > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_OverflowError, "token id does not fit 32 bits");
+        return -1;
+    }
+    store32(out, (uint32_t)v);
+    return 0;
+}
+
+/* The chunk keys of chunks base .. base + n - 1 of a chain (kvtier/keys.py's docstring),
+ * from `tokens[start : start + n * chunk]` (a list of ints): a new list of n bytes objects
+ * of KEY_BYTES, or NULL with an exception set. `last` (32 bytes) holds d(base - 1) and
+ * becomes d(base + n - 1); `extras`: n * 32 bytes or NULL (zeros); `tag`: the group tag of
+ * chunk base when its group began before it (base % GROUP_CHUNKS != 0), else ignored. */
+PyObject *kvt_keys(PyObject *tokens, Py_ssize_t start, Py_ssize_t n, Py_ssize_t chunk,
+                   const uint8_t key_bytes[32], uint8_t last[CV_BYTES], const uint8_t *extras,
+                   const uint8_t *tag, Py_ssize_t base) {
+    if (!PyList_Check(tokens) || n < 0 || chunk <= 0 || start < 0 ||
+        start + n * chunk > PyList_GET_SIZE(tokens)) {
+        PyErr_SetString(PyExc_ValueError, "kvt_keys: tokens must be a list covering the chunks");
+        return NULL;
+    }
+    size_t step = (size_t)chunk * 4, count = (size_t)n;
+    uint8_t *data = malloc(count * step + 1), *dig = malloc(count * CV_BYTES + 1);
+    if (!data || !dig) {
+        free(data), free(dig);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n * chunk; i++) {
+        if (token_le32(PyList_GET_ITEM(tokens, start + i), data + 4 * i) < 0) {
+            free(data), free(dig);
+            return NULL;
+        }
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvt_chain(key_bytes, last, n, (int64_t)step, data, extras, dig);
+    Py_END_ALLOW_THREADS
+    free(data);
+    PyObject *out = rc == 0 ? PyList_New(n) : PyErr_NoMemory();
+    if (!out) {
+        free(dig);
+        return NULL;
+    }
+    uint8_t cur[TAG_BYTES] = {0};
+    if (tag) memcpy(cur, tag, TAG_BYTES);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *d = dig + (size_t)i * CV_BYTES;
+        if ((base + i) % GROUP_CHUNKS == 0 || (i == 0 && !tag)) memcpy(cur, d, TAG_BYTES);
+        PyObject *k = PyBytes_FromStringAndSize(NULL, KEY_BYTES);
+        if (!k) {
+            Py_DECREF(out), free(dig);
+            return NULL;
+        }
+        memcpy(PyBytes_AS_STRING(k), cur, TAG_BYTES);
+        memcpy(PyBytes_AS_STRING(k) + TAG_BYTES, d + TAG_BYTES, KEY_BYTES - TAG_BYTES);
+        PyList_SET_ITEM(out, i, k);
+    }
+    if (n > 0) memcpy(last, dig + (count - 1) * CV_BYTES, CV_BYTES);
+    free(dig);
+    return out;
 }

@@ -14,7 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvtier.errors import ConfigError
-from kvtier.options import boolean, choice, integer, opt_nonempty, option_keys, parse_fields, text
+from kvtier.options import (
+    boolean,
+    choice,
+    duration,
+    fraction,
+    integer,
+    opt_nonempty,
+    option_keys,
+    parse_fields,
+    size,
+    text,
+)
 from kvtier.policies.registry import DEFAULT_EVICTION, eviction_names
 from kvtier.stack.parse import parse_tiers, resolved
 from kvtier.stack.registry import tier_kind
@@ -151,8 +162,10 @@ class KVTierConfig:
     """Name of an environment variable holding the secret that keys the chunk-key hash
     (keyed BLAKE3, :mod:`kvtier.keys`); never the secret itself. With a secret, someone who
     reads chunk names in a shared store or disk directory cannot test guessed prompts against
-    them nor predict a victim's keys. Every engine sharing a tier needs the same secret (a
-    different one is a different namespace: no hits). None (default): no secret."""
+    them nor predict a victim's keys, and a redis tier without a secret of its own MACs its
+    values under one derived from it (nobody without it can rewrite a stored value). Every
+    engine sharing a tier needs the same secret (a different one is a different namespace:
+    no hits). None (default): no secret."""
 
     key_secret_file: str | None = None
     """Path of a file holding that secret (its bytes, one trailing newline ignored; at least
@@ -168,6 +181,37 @@ class KVTierConfig:
     every engine reading the shared store would announce the same blocks (a router would
     credit each of them with it), and the store evicts on its own, unseen, so the
     announcements go stale (see docs/events.md)."""
+
+    prefetch: bool = False
+    """Prefetch on arrival: when a request arrives, the part of its prefix in a tier below
+    the CPU tier (disk, Redis...) and not in the CPU tier is copied up into the CPU tier
+    while the request waits to be scheduled, so its hit loads from host memory (within
+    the step where the sync budget allows). Off (default): slow-tier hits load when vLLM
+    schedules the request. Turn it on where requests queue (arrivals faster than the
+    engine serves) and prefixes live in a slow tier; see docs/prefetch.md for the
+    measurements and when it does not pay. A ``prefetch_only`` hint prefetches either
+    way."""
+
+    prefetch_step_bytes: int = 256 << 20
+    """Bytes of prefetch copies planned per engine step at most (per device), so a burst of
+    arrivals cannot flood the copy lanes that stores and loads share."""
+
+    prefetch_inflight_bytes: int = 1 << 30
+    """Bytes of the CPU tier that prefetches may hold at once (copies running, or landed
+    and waiting for their request), per device; never more than half the CPU tier.
+    Requests past it wait, in arrival order, and are retried each step."""
+
+    prefetch_lease_s: float = 30.0
+    """Seconds a prefetch's chunks stay held in the CPU tier while its request is not
+    scheduled (counted from when its copies were planned: the arrival, unless it waited for
+    room); then they are ordinary chunks again, which the eviction policy may take."""
+
+    retain_max_share: float = 0.25
+    """Share of the CPU tier's slots that ``retain_s`` hints may hold together (0 to 1);
+    a lease that does not fit covers its chain's leading part that does."""
+
+    retain_max_s: float = 3600.0
+    """Longest lease a ``retain_s`` hint gets, in seconds (longer hints are cut to it)."""
 
     tiers: tuple[TierSpec, ...] = ()
     """The tier stack, innermost first: a list of mappings, each with the common tier keys
@@ -360,6 +404,12 @@ _PARSERS: dict[str, Any] = {
     "key_secret_file": opt_nonempty,
     "store_output_tokens": boolean,
     "events_remote": boolean,
+    "prefetch": boolean,
+    "prefetch_step_bytes": size,
+    "prefetch_inflight_bytes": size,
+    "prefetch_lease_s": duration,
+    "retain_max_share": fraction,
+    "retain_max_s": duration,
     "tiers": _tiers,
     "fault_injection": _faults,
     "state_share": lambda v, n: _fraction(v, n),

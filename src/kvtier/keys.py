@@ -181,8 +181,9 @@ class KeyChain:
     """Keys of one token sequence, extended incrementally as tokens arrive.
 
     ``update`` hashes only chunks that became full since the last call (one native call
-    for all of them), so a request's keys cost O(new tokens) per step and are computed
-    once per request. ``seed``: any bytes (:meth:`Namespace.seed` for a request).
+    for all of them, from the token ids to the keys), so a request's keys cost O(new
+    tokens) per step and are computed once per request. ``seed``: any bytes
+    (:meth:`Namespace.seed` for a request).
     """
 
     __slots__ = ("_last", "chunk_tokens", "hash_key", "inputs", "keys", "seed")
@@ -209,8 +210,9 @@ class KeyChain:
         """Tokens covered by the keys so far."""
         return len(self.keys) * self.chunk_tokens
 
-    def update(self, tokens: Sequence[int]) -> int:
-        """Extend the chain over ``tokens`` (the whole sequence so far); return #new keys.
+    def update(self, tokens: Sequence[int], end: int | None = None) -> int:
+        """Extend the chain over ``tokens[:end]`` (the whole sequence so far, or its first
+        ``end`` tokens); return #new keys.
 
         ``tokens`` must extend the sequence seen before (same prefix); only the part after
         the last full chunk is read. Token ids must lie in [0, 2**32) (ValueError).
@@ -218,16 +220,39 @@ class KeyChain:
         c = self.chunk_tokens
         base = len(self.keys)
         start = base * c
-        n_new = (len(tokens) - start) // c
+        n_tok = len(tokens) if end is None else min(end, len(tokens))
+        n_new = (n_tok - start) // c
         if n_new <= 0:
             return 0
+        extras = self._extras(base, n_new) if self.inputs.per_chunk else None
+        native = keyhash.native_keys()
+        if native is not None:
+            if type(tokens) is not list:  # vLLM's ConstantList slices into a list
+                tokens, start = list(tokens[start : start + n_new * c]), 0
+            tag = self.keys[base - base % GROUP_CHUNKS][:TAG_BYTES] if base % GROUP_CHUNKS else None
+            last = bytearray(self._last)
+            try:
+                new = native.keys(tokens, start, n_new, c, self.hash_key, last, extras, tag, base)
+            except (OverflowError, TypeError) as e:
+                raise ValueError(f"token ids must be ints in [0, 2**32) to be keyed: {e}") from e
+            self._last = bytes(last)
+            self.keys += new
+            return n_new
+        self._update_python(tokens, base, n_new, extras)
+        return n_new
+
+    def _update_python(
+        self, tokens: Sequence[int], base: int, n_new: int, extras: bytes | None
+    ) -> None:
+        """:meth:`update` without the native keys: ids to bytes, the chain, tags."""
+        c = self.chunk_tokens
+        start = base * c
         try:  # array() converts a list 3x faster than NumPy and range-checks every id
             ids = array("I", tokens[start : start + n_new * c])
         except (OverflowError, TypeError) as e:
             raise ValueError(f"token ids must be ints in [0, 2**32) to be keyed: {e}") from e
         if sys.byteorder == "big":
             ids.byteswap()
-        extras = self._extras(base, n_new) if self.inputs.per_chunk else None
         out = keyhash.chain(self.hash_key, self._last, ids.tobytes(), c * 4, extras)
         d = keyhash.DIGEST_BYTES
         self._last = out[-d:]
@@ -243,7 +268,6 @@ class KeyChain:
             keyed[:head, :TAG_BYTES] = tag
         blob, k = keyed.tobytes(), KEY_BYTES
         self.keys.extend([blob[o : o + k] for o in range(0, n_new * k, k)])
-        return n_new
 
     def _extras(self, base: int, n: int) -> bytes | None:
         """The ``x(i)`` of chunks ``base .. base + n - 1`` (module docstring); None when

@@ -35,8 +35,8 @@ def read_key_secret(config: KVTierConfig) -> bytes:
         name = config.key_secret_env
         value = os.environ.get(name)
         if value is None:
-            raise ConfigError(f"key_secret_env: environment variable {name!r} is not set")
-        return _check(value.encode(), f"key_secret_env: environment variable {name!r}")
+            raise ConfigError(env_unset("key_secret_env"))
+        return _check(value.encode(), "key_secret_env: the environment variable it names")
     if config.key_secret_file:
         path = config.key_secret_file
         data = read_private_file(path, "key_secret_file", MAX_SECRET_BYTES + 2)
@@ -45,6 +45,16 @@ def read_key_secret(config: KVTierConfig) -> bytes:
             data = data[:-1] if data.endswith(b"\r") else data
         return _check(data, f"key_secret_file: {path!r}")
     return b""
+
+
+def env_unset(option: str) -> str:
+    """The error for an ``*_env`` option naming a variable that is unset. The name is not
+    shown: a secret pasted into the option by mistake would be printed with it."""
+    return (
+        f"{option}: the environment variable it names is unset (the name is not shown, in "
+        "case a secret was put there by mistake: the option holds a variable's name, and "
+        "the secret goes into that variable)"
+    )
 
 
 def _check(secret: bytes, where: str) -> bytes:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
+from kvtier.hints import NO_HINTS, Hints
 from kvtier.jobs import StepPlan, TransferJob, WorkerReport
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Key, Namespace
@@ -26,6 +27,7 @@ from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.defaults import admission_policy
 from kvtier.sources import HitSource, hit_sources
+from kvtier.stack.arrivals import Arrivals, demote_entry
 from kvtier.stack.job_table import JobEntry, JobTable
 from kvtier.stack.loads import LoadPlanner
 from kvtier.stack.movement import Movement
@@ -109,6 +111,7 @@ class CacheManager:
         )
         self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
+        self.arrivals = Arrivals(config, layout, self.chunk_tokens, self.movement)
         self.recent_hit_sources = self.loads.recent_hit_sources
         """The last requests' hit sources (inspection and tests)."""
         self.recent_load_modes = self.loads.recent_load_modes
@@ -167,10 +170,10 @@ class CacheManager:
         if not req.observed:  # once per request: repeated lookups are not reuse
             req.observed = True
             self.admission.observe(keys)
-            for tier in self.stack.tiers:
-                tier.index.observe(keys)
+            for t, tier in enumerate(self.stack.tiers):
+                tier.index.observe(self.arrivals.observed(req_id, t, keys))
         found = self.stack.lookup(keys, first)
-        if found is None:
+        if found is None or self.arrivals.prefetch.waiting(req_id):
             self.deferred += 1
             return None
         covered = found[-1][2] if found else first
@@ -211,6 +214,7 @@ class CacheManager:
                 req.load_runs = []
             return
         self.loads.allocate(req_id, req, hit, block_ids, num_external, sync)
+        self.arrivals.prefetch.consumed(req_id, -(-(hit.start + num_external) // self.chunk_tokens))
 
     def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
         """Which tier each of the accepted ``num_external`` hit tokens came from."""
@@ -222,17 +226,22 @@ class CacheManager:
     # -- steps -----------------------------------------------------------------------------
 
     def build_step(
-        self, scheduled: Iterable[ScheduledRequest], preempted: Iterable[str] = ()
+        self,
+        scheduled: Iterable[ScheduledRequest],
+        preempted: Iterable[str] = (),
+        batch: int | None = None,
     ) -> StepPlan:
         """The plan for this step: loads accepted since the last step, stores of chunks
         this step completes, copies between tiers, flushes for preempted requests, block
-        releases."""
+        releases. ``batch``: requests the engine scheduled in the step (default: those in
+        ``scheduled``; a caller may leave out those :meth:`store_due` says have nothing to
+        store)."""
         self.steps += 1
         plan = StepPlan(
             loads=self.loads.pending, stores=self._finish_stores, release=self._pending_release
         )
         self.loads.pending, self._pending_release, self._finish_stores = [], {}, []
-        plan.stores += self.movement.pending
+        plan.stores += self.arrivals.copies()
         self.movement.pending = []
         n_batch = 0
         for s in scheduled:
@@ -246,9 +255,23 @@ class CacheManager:
                 plan.flush.extend(j for j in req.jobs if self.jobs.kind_of(j) == "store")
         if self.budget.used:
             self.metrics.observe("sync_budget_used_bytes", self.budget.used)
-        self.budget.begin_step(n_batch + 1)
+        self.budget.begin_step((n_batch if batch is None else batch) + 1)
         self.metrics.set("sync_budget_bytes", self.budget.limit)
         return plan
+
+    def store_due(self, req_id: str, limit: int) -> bool:
+        """Whether a step ending with ``limit`` of the request's tokens computed (prompt
+        tokens only) may store something; False means :meth:`build_step` would plan no
+        store for it, so the caller need not gather its blocks. O(1): by prefix closure the
+        entry tier holds the chain up to chunk ``n`` when it holds chunk ``n``."""
+        req = self._reqs.get(req_id)
+        if req is None:
+            return True
+        n = limit // self.chunk_tokens
+        if req.unkeyable or n <= 0:
+            return False
+        keys = req.chain.keys
+        return len(keys) < n or not self.stack[req.entry].index.has(keys[n - 1])
 
     def _plan_store(
         self, req_id: str, tokens: Sequence[int], limit: int, block_ids: Sequence[int]
@@ -256,24 +279,25 @@ class CacheManager:
         """The store of the request's newly complete chunks into its entry tier, preceded
         by the demotions of the chunks that evicts; [] when there is none."""
         req = self._reqs.get(req_id) or self._request(req_id)
-        if req.unkeyable:
+        if req.unkeyable or req.hints.tier_hint == "skip":
             return []
         c, bpc = self.chunk_tokens, self.blocks_per_chunk
         n_full = min(limit // c, len(block_ids) // bpc)
         if n_full <= 0:
             return []
-        req.chain.update(tokens[: n_full * c])
-        keys = req.chain.keys[:n_full]
-        t = req.entry
+        chain = req.chain
+        if len(chain.keys) < n_full:
+            chain.update(tokens, n_full * c)
+        t = req.entry if req.hints.tier_hint != "demote" else demote_entry(self.stack, req.entry)
         tier = self.stack[t]
-        present = tier.index.stored_len(keys)
+        # Only this step's new chunks are copied out: a 128k-token prefill stores over
+        # many steps, and each step's work stays O(its chunks), not O(the chain).
+        present = tier.index.stored_len(chain.keys, n_full)
         if present >= n_full:
             return []
-        todo = keys[present:]
-        admitted = 0
-        while admitted < len(todo) and self.admission.admit(todo[admitted]):
-            admitted += 1
-        todo = todo[:admitted]
+        keys = chain.keys
+        todo = keys[present:n_full]
+        todo = todo[: self.admission.admit_run(todo)]
         if len(self.stack) == 1:  # a next tier takes what this one stores: store it all
             todo = todo[: tier.index.policy.admit_chain(todo)]  # type: ignore[attr-defined]
         parent = keys[present - 1] if present else None
@@ -308,6 +332,7 @@ class CacheManager:
         self.budget.release(req_id)
         if self.config.store_output_tokens:
             self._finish_stores += self._plan_store(req_id, tokens, num_computed, block_ids)
+        self.arrivals.finished(req_id, req, tokens, num_computed)
         req.finished = True
         if req.jobs:
             self._pending_release[req_id] = sorted(req.jobs)
@@ -360,7 +385,7 @@ class CacheManager:
 
     def reset(self) -> bool:
         """Forget every stored chunk that no job is using (vLLM's reset_prefix_cache)."""
-        self.stack.clear()
+        self.arrivals.reset()
         return True
 
     def has_pending_jobs(self) -> bool:
@@ -393,6 +418,29 @@ def set_hit(manager: CacheManager, req_id: str, hit: Hit) -> None:
     req = manager._reqs.get(req_id)
     if req is not None:
         req.hit = hit if hit.tokens > 0 else None
+
+
+def on_new_request(
+    manager: CacheManager,
+    req_id: str,
+    tokens: Sequence[int],
+    *,
+    inputs: KeyInputs = NO_INPUTS,
+    hints: Hints = NO_HINTS,
+) -> None:
+    """A request arrived (before it is scheduled; vLLM's ``on_new_request``): keep its
+    hints, start its prefetch (:mod:`kvtier.stack.prefetch`). Costs nothing without hints
+    and with prefetch off or nothing below the first tier; otherwise the key computation
+    its first lookup would do anyway, and a lookup in each tier."""
+    arrivals = manager.arrivals
+    want = hints.prefetch_only or arrivals.prefetching()
+    if not want and hints is NO_HINTS:
+        return
+    req = manager._request(req_id, inputs)
+    req.hints = hints
+    if want and not req.unkeyable:
+        req.chain.update(tokens)
+        arrivals.prefetch.arrive(req_id, req.chain.keys)
 
 
 def _slots(index: object) -> int:

@@ -51,6 +51,33 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Refused remote values deleted so that the next store writes them again, by tier.",
         ("tier",),
     ),
+    "prefetch_chunks": (
+        "counter",
+        "Chunks promoted into the CPU tier at a request's arrival, by source tier.",
+        ("tier",),
+    ),
+    "prefetch_used_chunks": (
+        "counter",
+        "Prefetched chunks the request they were prefetched for then loaded.",
+        (),
+    ),
+    "prefetch_unused_chunks": (
+        "counter",
+        "Prefetched chunks their request never loaded (finished, aborted, lease expired, "
+        "or its hit ended before them).",
+        (),
+    ),
+    "retained_chunks": (
+        "counter",
+        "Chunks a retain_s hint asked to keep in the CPU tier (what the share allowed).",
+        (),
+    ),
+    "retain_refused_chunks": (
+        "counter",
+        "Chunks a retain_s hint asked for beyond retain_max_share of the CPU tier.",
+        (),
+    ),
+    "invalid_hints": ("counter", "Request hints ignored as invalid, by key.", ("key",)),
     "sync_budget_used_bytes": ("histogram", "Sync-load bytes used per engine step.", ()),
     "sync_budget_bytes": ("gauge", "Current per-step sync-load budget in bytes.", ()),
 }

@@ -172,3 +172,17 @@ def seconds(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{name}: expected a whole number of seconds >= 0, got {value!r}")
     return value
+
+
+def duration(value: object, name: str) -> float:
+    """A number of seconds >= 0 (fractions allowed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        raise ConfigError(f"{name}: expected a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def fraction(value: object, name: str) -> float:
+    """A number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{name}: expected a number between 0 and 1, got {value!r}")
+    return float(value)

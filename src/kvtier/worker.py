@@ -8,9 +8,16 @@ Per step, in the engine's order:
    block), queue async loads on the normal queue;
 3. the engine's forward pass; loading layer by layer, ``wait_layer(name)`` before each
    layer's attention;
-4. ``end_forward()``: finish the layer-wise loads, then queue the plan's stores (they
-   read KV this forward wrote, and must not delay it; a CPU-tier row copy from host KV
-   runs right here when its lane is idle: see ``TransferEngine.inline_stores``);
+4. ``end_forward()``: finish the layer-wise loads, and keep the plan's stores (they read
+   KV this forward wrote) for the start of the next step (``begin_step``), or an earlier
+   ``flush`` or ``drain``. Submitted here, a CPU-tier row copy from host KV ran on the
+   engine's thread right away (see ``TransferEngine.inline_stores``), between the forward
+   and the step's output: every request whose prefill ended in the step, cold ones
+   included, got its first token after the copy of its own prompt's KV. At the next
+   step's start the copy still runs between forwards, and the tokens are out. The store's
+   blocks stay allocated meanwhile: the store is in flight from here on (a finished
+   request's blocks are released only once its stores are done), and the next step writes
+   KV only after ``begin_step``;
 5. ``transfer_results()``, ``load_errors()``, ``report()``. In a step where the
    engine computes nothing (``plan.idle``: the only work is waiting for async loads), this
    first waits until one of the async loads in flight finishes, up to
@@ -75,6 +82,8 @@ class WorkerSide:
         self.layered_steps = 0
         """Steps whose sync loads went layer by layer (inspection and tests)."""
         self._plan = StepPlan()
+        self._deferred: list[TransferJob] = []
+        """Stores of the last forward, submitted at the next step's start (step 4)."""
         self._inflight: dict[int, TransferJob] = {}
         self._async_loads: dict[str, set[int]] = {}
         self._release: dict[str, set[int]] = {}
@@ -91,6 +100,7 @@ class WorkerSide:
 
     def begin_step(self, plan: StepPlan) -> None:
         self._finish_layered()  # a step whose forward never ran (never in vLLM's order)
+        self._submit_deferred()
         self._plan = plan
         self._idle = plan.idle
         self._t_begin = time.perf_counter()
@@ -104,6 +114,7 @@ class WorkerSide:
         ids = list(job_ids)
         if ids:
             self._finish_layered()
+            self._submit_deferred()
             self.engine.wait(ids)
 
     def flush_stores(self) -> None:
@@ -135,6 +146,7 @@ class WorkerSide:
                 self._submit(job)
         self._collect()
         self._load_seconds += time.perf_counter() - t0
+        timeline.event("worker.loads_done", sync=len(sync), seconds=time.perf_counter() - t0)
 
     def wait_layer(self, name: str) -> None:
         """Before the attention of layer ``name``: wait until its KV is whole (layer-wise
@@ -166,13 +178,23 @@ class WorkerSide:
         self._finish_layered()
         self._load_seconds += time.perf_counter() - t0
         self._forward_seconds = max(0.0, time.perf_counter() - self._t_begin - self._load_seconds)
-        for job in self._plan.stores:
-            self._submit(job)
+        for job in self._plan.stores:  # in flight from here: their blocks stay allocated
+            self._inflight[job.job_id] = job
+        self._deferred += self._plan.stores
         self._plan = StepPlan()
 
     def _submit(self, job: TransferJob) -> None:
         self._inflight[job.job_id] = job
         self.engine.submit(job)
+
+    def _submit_deferred(self) -> None:
+        jobs, self._deferred = self._deferred, []
+        if not jobs:
+            return
+        t0 = time.perf_counter()
+        for job in jobs:
+            self.engine.submit(job)
+        timeline.event("worker.stores", jobs=len(jobs), seconds=time.perf_counter() - t0)
 
     def _collect(self) -> None:
         """Take finished results; record the engine blocks of failed load chunks."""
@@ -258,6 +280,7 @@ class WorkerSide:
         """Wait for every job in flight (shutdown, reset)."""
         if self._layered is not None:
             self._layered.release()
+        self._submit_deferred()
         return self.engine.wait(self.engine.pending(), timeout=timeout)
 
     def close(self) -> None:

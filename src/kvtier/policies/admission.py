@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import compress, count
 
 from kvtier.keys import Key
 
@@ -21,6 +22,11 @@ class AdmissionPolicy:
     def admit(self, key: Key) -> bool:
         """Whether to store ``key`` now."""
         return True
+
+    def admit_run(self, keys: Sequence[Key]) -> int:
+        """How many leading ``keys`` :meth:`admit` would take, stopping at its first refusal
+        (O(1) when every chunk is admitted)."""
+        return len(keys)
 
 
 class SeenCountAdmission(AdmissionPolicy):
@@ -45,6 +51,13 @@ class SeenCountAdmission(AdmissionPolicy):
 
     def admit(self, key: Key) -> bool:
         return self._seen.get(key, 0) >= self.min_seen
+
+    def admit_run(self, keys: Sequence[Key]) -> int:
+        refused = next(compress(count(), map(self._refuses, keys)), None)
+        return len(keys) if refused is None else refused
+
+    def _refuses(self, key: Key) -> bool:
+        return self._seen.get(key, 0) < self.min_seen
 
 
 def make_admission_policy(min_seen: int, max_tracked: int = 1 << 16) -> AdmissionPolicy:

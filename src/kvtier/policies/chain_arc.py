@@ -122,11 +122,15 @@ class ChainARCPolicy(ARCPolicy):
 
     def touch_many(self, keys: Iterable[Key]) -> None:
         keys = list(keys)
+        t1, t2, parked = self.t1, self.t2, self.parked
         try:
-            deque(map(self.t2.move_to_end, keys), maxlen=0)
-        except KeyError:  # some keys are in T1 or parked: per key (same final order)
-            for key in keys:
-                self.touch(key)
+            deque(map(t2.move_to_end, keys), maxlen=0)
+        except KeyError:  # some keys are in T1 or parked: each list in one C-level pass,
+            # in the keys' order (what a touch per key leaves: the lists are independent)
+            deque(map(t1.move_to_end, filter(t1.__contains__, keys)), maxlen=0)
+            deque(map(t2.move_to_end, filter(t2.__contains__, keys)), maxlen=0)
+            for key in filter(parked.__contains__, keys):
+                parked[key] = (parked[key][0], True)
 
     def _refresh(self, keys: Sequence[Key]) -> None:
         """A use of T2 keys: to T2's most recent end, in order."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
 
 from kvtier.keys import Key
 
@@ -111,6 +112,14 @@ class LRUPolicy(EvictionPolicy):
     def touch(self, key: Key) -> None:
         if key in self._order:
             self._order.move_to_end(key)
+
+    def insert_chain(self, keys: Sequence[Key], parent: Key | None) -> None:
+        order = self._order
+        if any(map(order.__contains__, keys)):  # a re-insert moves: key by key
+            super().insert_chain(keys, parent)
+            return
+        # Deepest first, as the default does, in one C-level pass (8,192 keys a 128k store).
+        order.update(zip(reversed(keys), repeat(None)))
 
     def touch_many(self, keys: Iterable[Key]) -> None:
         # A C-level loop: a 128k-token hit touches 8,192 keys on the scheduler's thread.

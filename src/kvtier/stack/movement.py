@@ -30,6 +30,10 @@ def _no_copy_hook(keys: Sequence[Key], start: int) -> None:
     return None
 
 
+def _no_copied_hook(job: TransferJob) -> None:
+    return None
+
+
 class Movement:
     """Plans the copy jobs of every edge; owns the slots being demoted."""
 
@@ -43,6 +47,8 @@ class Movement:
         self.pending: list[TransferJob] = []
         """Copies planned as jobs ended; they go into the next step's plan."""
         self.on_copy_planned: CopyHook = _no_copy_hook  # tier events name copies there
+        self.on_copied: Callable[[TransferJob], None] = _no_copied_hook
+        """Told of every copy that ended, after its chunks were committed (prefetch)."""
 
     def reserve(
         self, t: int, keys: Sequence[Key], parent: Key | None, req_id: str
@@ -191,3 +197,4 @@ class Movement:
                     del self.demoting[(src_t, slot)]
         self.stack[dst_t].index.commit(job.keys, ok)
         self.through(dst_t, job.keys, job.dst_slots, job.parents, ok, job.req_id)
+        self.on_copied(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvtier.hints import NO_HINTS, Hints
 from kvtier.keys import Key, KeyChain
 from kvtier.sources import HitRun
 
@@ -40,6 +41,8 @@ class RequestState:
     observed: bool = False
     unkeyable: bool = False
     """Its inputs include a kind chunk keys cannot cover: never loaded nor stored."""
+    hints: Hints = NO_HINTS
+    """What the request's ``kv_transfer_params`` asked (:mod:`kvtier.hints`)."""
     load_failed_at: int | None = None
     """The first chunk of this request whose load failed: its later lookups stop before
     it, so a hit that cannot load (a planted value, a flaky disk, a timeout) is never

@@ -121,9 +121,10 @@ class TierIndex(Protocol):
     def leading(self, keys: Sequence[Key], start: int = 0) -> int | Pending:
         """Index of the first key at or after ``start`` that is not readable now."""
 
-    def stored_len(self, keys: Sequence[Key]) -> int:
-        """Leading keys present in any state (stored or being stored): where a store of
-        this chain starts. A shared index answers 0: its store skips present keys."""
+    def stored_len(self, keys: Sequence[Key], end: int | None = None) -> int:
+        """Leading keys of ``keys[:end]`` present in any state (stored or being stored):
+        where a store of this chain starts. A shared index answers 0: its store skips
+        present keys."""
 
     def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
         """Room for a chain continuing ``parent``: one address per key of the longest
@@ -188,7 +189,7 @@ class KeyAddressedIndex:
     record_evictions = False
     listener: IndexListener | None = None
 
-    def stored_len(self, keys: Sequence[Key]) -> int:
+    def stored_len(self, keys: Sequence[Key], end: int | None = None) -> int:
         return 0  # the store skips keys already present
 
     def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:

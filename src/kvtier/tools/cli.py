@@ -57,6 +57,7 @@ def _sim(args: argparse.Namespace) -> int:
         limit=args.limit,
         block_tokens=args.block_tokens,
         progress=not args.no_progress,
+        hints=not args.no_hints,
     )
     print(format_sim(result))
     rows = gap_rows(result, Path(trace).name)
@@ -102,11 +103,12 @@ def _purge(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     print(f"purge: {target.describe()}{' (dry run: nothing is removed)' if args.dry_run else ''}")
     if args.remote:
-        from kvtier.tiers.remote.auth import load_secret
-        from kvtier.tools.purge.remote import purge_remote
+        from kvtier.tiers.remote.cli_options import key_secret_from_args
+        from kvtier.tiers.remote.kind import secret_for
+        from kvtier.tools.purge.remote import nothing_matched, purge_remote
 
-        secret = load_secret(args.secret_env, args.secret_file, False, "purge")
-        with _remote(args.remote) as (client, display):
+        with _remote(args) as (client, display, spec):
+            secret = secret_for(spec, key_secret_from_args(args))
             got = _redis_call(
                 display,
                 lambda: purge_remote(
@@ -117,8 +119,11 @@ def _purge(args: argparse.Namespace) -> int:
                     progress=progress_printer(display),
                 ),
             )
+            why = _redis_call(display, lambda: nothing_matched(client, target, got, secret))
         extra = f" ({got.foreign} other keys under the prefix left alone)" if got.foreign else ""
         print(f"{display}: {verb} {got.chunks} chunks{extra}")
+        if why:
+            print(f"{display}: {why}", file=sys.stderr)
     if args.disk:
         from kvtier.tools.purge.disk import purge_disk
 
@@ -131,7 +136,7 @@ def _purge_list(args: argparse.Namespace) -> int:
     if args.remote:
         from kvtier.tools.purge.remote import namespaces_present
 
-        with _remote(args.remote) as (client, display):
+        with _remote(args) as (client, display, _):
             counts = _redis_call(display, lambda: namespaces_present(client))
         print(f"{display}: {sum(counts.values())} kvtier chunks")
         for ns, n in counts.items():
@@ -149,14 +154,17 @@ def _purge_list(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _remote(url: str) -> Iterator[tuple[Any, str]]:
-    from kvtier.tiers.remote.client import RemoteClient
-    from kvtier.tiers.remote.url import parse_remote_url
+def _remote(args: argparse.Namespace) -> Iterator[tuple[Any, str, Any]]:
+    """The library client, display form and tier spec of ``--remote`` with the tier's own
+    connection options (TLS files, password file: :mod:`kvtier.tiers.remote.cli_options`)."""
+    from kvtier.tiers.remote.cli_options import tier_from_args
+    from kvtier.tiers.remote.kind import client_for
 
-    target = parse_remote_url(url)
-    client = RemoteClient(target, timeout_s=30.0)
+    spec = tier_from_args(args.remote, args, "purge")
+    client = client_for(spec)
+    display = client.target.display
     try:
-        yield _redis_call(target.display, lambda: client.client), target.display
+        yield _redis_call(display, lambda: client.client), display, spec
     finally:
         client.close()
 
@@ -246,6 +254,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=24, help="output tokens per request")
     b.add_argument("--doc-tokens", type=int, default=600, help="document length in tokens")
     b.add_argument("--trace", default=None, help="Mooncake-format JSONL for --workload trace")
+    b.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each workload per mode (caches reset between); statistics over all",
+    )
     b.add_argument("--out", default="bench-results", help="directory for results.json and plots")
     b.add_argument(
         "--server",
@@ -307,6 +321,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id")
     s.add_argument("--json", default=None, metavar="PATH")
     s.add_argument("--no-progress", action="store_true")
+    s.add_argument(
+        "--no-hints",
+        action="store_true",
+        help="ignore the requests' retain_s hints (their 'kvtier' field; agentloop:retain_s=S "
+        "writes them): the same workload without retention",
+    )
     s.set_defaults(func=_sim)
 
     k = sub.add_parser("soak", help="mixed traffic with random faults against an oracle")
@@ -380,15 +400,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="HEX",
         help="a digest (disk) or labels (remote) --list shows",
     )
-    r.add_argument(
-        "--secret-env",
-        default=None,
-        metavar="NAME",
-        help="the redis tier's secret_env (keyed names)",
-    )
-    r.add_argument(
-        "--secret-file", default=None, metavar="PATH", help="the redis tier's secret_file"
-    )
+    from kvtier.tiers.remote.cli_options import add_arguments as add_redis_arguments
+
+    add_redis_arguments(r)
     r.add_argument("--dry-run", action="store_true", help="count only; remove nothing")
     r.add_argument("--list", action="store_true", help="chunks per namespace digest")
     r.set_defaults(func=_purge)

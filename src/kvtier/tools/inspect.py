@@ -12,22 +12,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvtier.errors import TierUnavailable
+from kvtier.tiers.disk.files import headers_at, lock_owner, slab_files_at, superblock_at
 from kvtier.tiers.disk.format import (
     HEADER_BYTES,
     LOCK_NAME,
     SlotHeader,
     gc_paused,
-    list_slab_files,
-    read_superblock,
     records_of,
-    scan_headers,
     slab_file_name,
 )
+from kvtier.tiers.disk.private import UnsafeDirectory, open_file, open_private_dir
 from kvtier.tiers.disk.restore import restorable
 
 
 def inspect_dir(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Summarize a disk tier directory (JSON-friendly).
+
+    The directory and its files are opened as the tier opens them
+    (:mod:`kvtier.tiers.disk.private`: no link followed, no FIFO or other special file
+    opened, only a directory and files of this user that others cannot write, nothing
+    changed); anything else is an ``error`` naming it.
 
     Keys: ``path``; ``error`` (a reason text, or None when the directory holds a formatted
     tier); ``format`` (slot geometry, or None); ``files``, ``apparent_bytes`` and
@@ -41,39 +46,53 @@ def inspect_dir(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "error": None, "format": None, "namespaces": []}
-    if not p.is_dir():
+    try:
+        dfd = open_private_dir(p, create=False, tighten=False)
+    except (FileNotFoundError, NotADirectoryError):
         out["error"] = "not a directory"
         return out
-    out.update(_files_info(p))
-    out.update(_lock_info(p))
-    geo = read_superblock(p)
-    if geo is None:
-        out["error"] = "no valid kvtier.super: not a formatted disk tier"
+    except TierUnavailable as e:
+        out["error"] = str(e)
         return out
-    out["format"] = {
-        "slot_bytes": geo.slot_bytes,
-        "stride": geo.stride,
-        "slots_per_file": geo.slots_per_file,
-        "header_bytes": HEADER_BYTES,
-    }
-    t0 = time.perf_counter()
-    with gc_paused():
-        headers = scan_headers(p, geo)
-        out["scan_seconds"] = time.perf_counter() - t0
-        out["valid_chunks"] = len(headers)
-        out["namespaces"] = _by_namespace(headers)
+    try:
+        out.update(_files_info(dfd, p))
+        out.update(_lock_info(dfd, p))
+        geo = superblock_at(dfd, p)
+        if geo is None:
+            out["error"] = "no valid kvtier.super: not a formatted disk tier"
+            return out
+        out["format"] = {
+            "slot_bytes": geo.slot_bytes,
+            "stride": geo.stride,
+            "slots_per_file": geo.slots_per_file,
+            "header_bytes": HEADER_BYTES,
+        }
+        t0 = time.perf_counter()
+        with gc_paused():
+            headers = headers_at(dfd, p, geo)
+            out["scan_seconds"] = time.perf_counter() - t0
+            out["valid_chunks"] = len(headers)
+            out["namespaces"] = _by_namespace(headers)
+    except UnsafeDirectory as e:
+        out["error"] = str(e)
+    finally:
+        os.close(dfd)
     return out
 
 
-def _files_info(p: Path) -> dict[str, Any]:
+def _files_info(dfd: int, p: Path) -> dict[str, Any]:
     apparent = allocated = 0
     newest: float | None = None
-    files = list_slab_files(p)
+    files = slab_files_at(dfd)
     for fi in files:
         try:
-            st = os.stat(p / slab_file_name(fi))
+            fd = open_file(dfd, slab_file_name(fi), p, write=False, create=False)
         except OSError:
             continue
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         apparent += st.st_size
         allocated += st.st_blocks * 512
         newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
@@ -85,15 +104,19 @@ def _files_info(p: Path) -> dict[str, Any]:
     }
 
 
-def _lock_info(p: Path) -> dict[str, Any]:
+def _lock_info(dfd: int, p: Path) -> dict[str, Any]:
     # Only reads the pid the last owner wrote: taking the lock, even briefly, could make
     # an engine starting at that moment fail to open its tier.
     pid: int | None = None
     try:
-        text = (p / LOCK_NAME).read_bytes()[:32].strip()
-        pid = int(text) if text.isdigit() else None
-    except OSError:
-        pass
+        fd = open_file(dfd, LOCK_NAME, p, write=False, create=False)
+    except FileNotFoundError:
+        fd = -1
+    if fd >= 0:
+        try:
+            pid = lock_owner(fd)
+        finally:
+            os.close(fd)
     alive: bool | None = None
     if pid is not None:
         try:

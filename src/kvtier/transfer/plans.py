@@ -17,7 +17,11 @@ A plan is ``(kind, data)``, the cheapest way the job's stores allow:
   store split for a load layer by layer (:func:`split_segments`; device-memory KV, where
   no ``"rows"`` plan exists);
 - ``"copy"`` / ``"copy-buffers"`` / ``"staged"``: tier to tier, from the source's payload
-  views, its payload addresses, or through a scratch buffer.
+  views, its payload addresses, or through a scratch buffer;
+- ``"read-buffers"`` / ``"read-into"``: tier to tier into a destination that exposes its
+  slots as memory (the CPU tier: a prefetch from disk or Redis), the source reading
+  straight into the destination's payload addresses or views (no scratch buffer, one
+  copy instead of two).
 """
 
 from __future__ import annotations
@@ -58,9 +62,15 @@ def make_plan(
         if addresses is not None and _accepts_buffers(dst):
             return "copy-buffers", addresses(job.slots)
         segments = getattr(store, "payload_segments", None)
-        if segments is None:  # staged through a buffer (see copy_staged)
-            return "staged", None
-        return "copy", [segments(s) for s in job.slots]
+        if segments is not None:
+            return "copy", [segments(s) for s in job.slots]
+        dst_addresses = getattr(dst, "payload_buffers", None)
+        if dst_addresses is not None and _accepts_buffers(store):
+            return "read-buffers", dst_addresses(job.dst_slots)
+        dst_segments = getattr(dst, "payload_segments", None)
+        if dst_segments is not None:
+            return "read-into", [dst_segments(s) for s in job.dst_slots]
+        return "staged", None  # through a buffer (see copy_staged)
     supports_rows = getattr(store, "supports_rows", None)
     grouped = getattr(regions, "grouped", False)  # rows would be per group
     if supports_rows is not None and not grouped and supports_rows(regions.rows):
@@ -190,6 +200,10 @@ def run_plan(
         return list(stores[job.dst_tier].write_buffers(job.dst_slots, job.keys, plan, parents))
     if how == "staged":
         return copy_staged(job, stores)
+    if how == "read-buffers":
+        return _leading(store.read_buffers(job.slots, job.keys, plan))
+    if how == "read-into":
+        return _leading(store.read(job.slots, job.keys, plan))
     if how == "rows":
         for slab_row, blocks in plan:
             if job.kind == "load":
@@ -232,6 +246,13 @@ def copy_staged(job: TransferJob, stores: Mapping[str, SlotStore]) -> list[bool]
     parents = job.parents[:m] if job.parents else None
     wrote = dst.write(job.dst_slots[:m], job.keys[:m], segs[:m], parents)
     return [*wrote, *([False] * (n - m))]
+
+
+def _leading(ok: list[bool]) -> list[bool]:
+    """A copy's per-chunk results cut at the first failure: a chain must not continue past
+    a chunk that did not arrive (as ``copy_staged`` does)."""
+    n = ok.index(False) if False in ok else len(ok)
+    return [True] * n + [False] * (len(ok) - n)
 
 
 def _write_leading(store: Any, job: TransferJob, cut: int, views: list[Any]) -> list[bool]:

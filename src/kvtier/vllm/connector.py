@@ -61,6 +61,7 @@ from kvtier.stack.stack import TierStack
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions
 from kvtier.transfer.regions import KVRegions
+from kvtier.vllm.arrivals import ArrivalHooks
 from kvtier.vllm.events import ConnectorEvents, events_enabled
 from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups, sink_layers
 from kvtier.vllm.hybrid import HybridScheduler, HybridWorkerSide, attention_ids, state_setup
@@ -282,7 +283,7 @@ def _worker_side(
     return worker
 
 
-class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
     keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
     block ids, :mod:`kvtier.transfer.groups`; recurrent states: :mod:`kvtier.vllm.hybrid`),
@@ -396,9 +397,16 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         assert self.manager is not None and self._kv_cache_manager is not None
         scheduled = []
         num_sched = scheduler_output.num_scheduled_tokens
+        batch = 0
         for req_id, n in num_sched.items():
             request = self._requests.get(req_id)
             if request is None:
+                continue
+            batch += 1
+            # Most steps of a running request store nothing (decode): skip gathering its
+            # block ids, which vLLM builds as a new list per call (O(its blocks)).
+            limit = min(request.num_computed_tokens + n, request.num_prompt_tokens)
+            if not self.manager.store_due(req_id, limit):
                 continue
             per_group = self._kv_cache_manager.get_block_ids(req_id)
             block_ids = self.setup.codec.encode(self.setup.attention(per_group))
@@ -413,7 +421,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             )
         preempted = scheduler_output.preempted_req_ids or ()
         self.preemptions += len(preempted)
-        plan = self.manager.build_step(scheduled, preempted)
+        plan = self.manager.build_step(scheduled, preempted, batch=batch)
         plan.idle = scheduler_output.total_num_scheduled_tokens == 0
         if self.states is not None:
             plan.states = self.states.step(scheduler_output, self._requests)

@@ -14,8 +14,12 @@ the link and clobbers the target (KV also reveals the prompt it came from). The 
 - Every file is then opened *relative to that fd* (``dir_fd``), so swapping a path component
   for a link after the check changes nothing, with ``O_NOFOLLOW``: a link at a name is
   refused (``ELOOP``), never followed. A file is created only with ``O_CREAT | O_EXCL``,
-  mode 0600; an existing one must be a regular file owned by us and not group or world
-  writable.
+  mode 0600; an existing one must be a regular file (a FIFO is refused, never waited on)
+  with one link (a hard link shares its bytes with a name elsewhere), owned by us and not
+  group or world writable.
+- The tier (a writer) uses an existing directory only when it is empty or holds nothing
+  but kvtier's own names: a mistyped ``disk_path`` (``/var/lib``) is refused, never
+  tightened to 0700 or written into.
 
 Symbolic links in the path *above* the directory are still followed (the kernel resolves
 them before ``O_NOFOLLOW`` applies to the last component): give a path whose parents only
@@ -29,16 +33,19 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 
 from kvtier.errors import TierUnavailable
+from kvtier.tiers.disk.format import LOCK_NAME, SLAB_PATTERN, SUPER_NAME
 
 log = logging.getLogger("kvtier.tiers.disk")
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+RANK_DIR = re.compile(r"tp\d+-rank\d+")
 
 
 class UnsafeDirectory(TierUnavailable):
@@ -110,10 +117,37 @@ def _check_dir(fd: int, path: Path, tighten: bool) -> None:
             f"create, replace or link files in it; check what it holds, then chmod 700 {path} "
             "(or use a fresh directory)"
         )
+    if tighten:
+        _check_contents(fd, path)
     if mode & 0o077 and tighten:
         os.fchmod(fd, DIR_MODE)
         log.warning(
             "kvtier disk tier: %s had mode %04o (others could list it); now 0700", path, mode
+        )
+
+
+def is_own_name(name: str) -> bool:
+    """Whether ``name`` is one kvtier puts in a disk tier directory: slab files, the
+    superblock (and its temporary), the lock file, per-rank subdirectories."""
+    return (
+        name in (SUPER_NAME, SUPER_NAME + ".tmp", LOCK_NAME)
+        or SLAB_PATTERN.fullmatch(name) is not None
+        or RANK_DIR.fullmatch(name) is not None
+    )
+
+
+def _check_contents(fd: int, path: Path) -> None:
+    """Refuse a directory holding anything but kvtier's own names: a mistyped
+    ``disk_path`` (``/var/lib``, a web root, a home directory) must not be chmod-ed to
+    0700 (locking every other user out) nor get slab files written beside someone's data."""
+    foreign = sorted(n for n in list_names(fd) if not is_own_name(n))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise UnsafeDirectory(
+            f"disk tier directory {path} holds {foreign[0]!r}{more}, which kvtier did not "
+            "write; kvtier uses only an empty directory or one holding its own files (it "
+            f"would tighten it to 0700 and write beside them): give disk_path a directory "
+            f"of its own, e.g. {path / 'kvtier'}"
         )
 
 
@@ -123,7 +157,9 @@ def open_file(dir_fd: int, name: str, where: Path, *, write: bool, create: bool)
     with ``O_EXCL`` and mode 0600. An existing file must be a regular file we own that the
     group and others cannot write, else :class:`UnsafeDirectory`. Other failures raise
     their ``OSError`` (``FileNotFoundError`` when missing and not ``create``)."""
-    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
+    # O_NONBLOCK: opening a FIFO planted at a name would wait for a writer forever; a
+    # regular file ignores it, and anything else is refused by check_file.
+    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     for _ in range(2):  # created by another between our two opens: check it as existing
         try:
             fd = os.open(name, flags, dir_fd=dir_fd)
@@ -161,6 +197,13 @@ def check_file(fd: int, path: Path) -> None:
     me = os.geteuid()
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeDirectory(f"{path} is not a regular file: remove it")
+    if st.st_nlink > 1:
+        # Another name of the same file: writes here would change that file too (or it
+        # changes our chunks), wherever the other name lives.
+        raise UnsafeDirectory(
+            f"{path} has {st.st_nlink} hard links: another name shares its bytes; remove "
+            f"{path} (kvtier recreates it; the other name is not touched)"
+        )
     if st.st_uid != me:
         raise UnsafeDirectory(
             f"{path} is owned by uid {st.st_uid}, not by this process (uid {me}): another "

@@ -46,7 +46,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kvtier.errors import ConfigError
-from kvtier.keysecret import read_private_file
+from kvtier.keysecret import env_unset, read_private_file
 from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote.streams import PART_BYTES
 
@@ -99,7 +99,7 @@ def load_secret(
         option = "secret_env"
         text = env.get(secret_env)
         if text is None:
-            raise ConfigError(f"{where}.secret_env: environment variable {secret_env!r} is unset")
+            raise ConfigError(env_unset(f"{where}.secret_env"))
         raw = text.encode()
     elif secret_file:
         option = "secret_file"

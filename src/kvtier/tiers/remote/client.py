@@ -94,6 +94,10 @@ COUNT_DEPTH = 16
 every window so far was present whole."""
 
 
+DELETE_BATCH = 1024
+"""Names per UNLINK a heal or purge sends (one round trip carries them all)."""
+
+
 class RemoteUnavailable(Exception):
     """The store could not answer (down, slow, refused); the message names no secret."""
 
@@ -148,9 +152,11 @@ class RemoteClient:
 
     # -- failure handling ----------------------------------------------------------------
 
-    def _guard(self, call: Any) -> Any:
-        """Run ``call``; any library error becomes RemoteUnavailable and opens the breaker."""
-        if time.monotonic() < self._down_until:
+    def _guard(self, call: Any, *, breaker: bool = True) -> Any:
+        """Run ``call``; any library error becomes RemoteUnavailable and opens the breaker.
+        With ``breaker=False`` the call runs even while the breaker is open (and a failure
+        still opens it)."""
+        if breaker and time.monotonic() < self._down_until:
             raise RemoteUnavailable(f"{self.target.display}: unavailable (backing off)")
         try:
             return call()
@@ -223,12 +229,28 @@ class RemoteClient:
         without the library's pipeline (and its redirects), for a store's batches."""
         return self._guard(lambda: exists_each(self.client, self.target.cluster, names))  # type: ignore[no-any-return]
 
-    def get_each(self, names: Sequence[bytes], consume: Consume) -> None:
-        """:func:`kvtier.tiers.remote.streams.get_each`, guarded (a failure may follow some)."""
-        self._guard(lambda: get_each(self.client, self.target.cluster, names, consume))
+    def get_each(self, names: Sequence[bytes], consume: Consume, limit: int) -> None:
+        """:func:`kvtier.tiers.remote.streams.get_each` (at most ``limit + 1`` bytes a
+        value), guarded (a failure may follow some)."""
+        self._guard(lambda: get_each(self.client, self.target.cluster, names, consume, limit))
 
-    def delete(self, keys: Sequence[bytes]) -> None:
-        self._guard(lambda: [self.client.delete(k) for k in keys])
+    def delete(self, keys: Sequence[bytes], *, breaker: bool = True) -> int:
+        """UNLINK ``keys`` (the server frees large values off its main thread) in one
+        round trip: one multi-key command of up to DELETE_BATCH names each, pipelined (a
+        cluster's library splits them by slot). How many existed. ``breaker=False``: also
+        while the breaker is open (a read healing what it found before a failure)."""
+        if not keys:
+            return 0
+
+        def run() -> int:
+            if self.target.cluster:
+                return int(self.client.unlink(*keys))
+            p = self._pipeline()
+            for lo in range(0, len(keys), DELETE_BATCH):
+                p.unlink(*keys[lo : lo + DELETE_BATCH])
+            return sum(int(n) for n in p.execute())
+
+        return self._guard(run, breaker=breaker)  # type: ignore[no-any-return]
 
     # -- probe ---------------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import blake3
+
 from kvtier.errors import ConfigError
 from kvtier.options import Label, prefix_of
 from kvtier.sources import HitSource
@@ -68,15 +70,30 @@ def client_for(spec: TierSpec) -> RemoteClient:
     return RemoteClient(target, timeout_s=opts.timeout_ms / 1e3, tls=tls_files(opts))
 
 
-def secret_for(spec: TierSpec) -> bytes | None:
-    """The tier's secret (None without one); ConfigError naming the option otherwise."""
+KEY_SECRET_CONTEXT = "kvtier 2026-12 remote value secret from the key secret v1"
+"""BLAKE3 key-derivation context of the value secret a tier without one takes from the
+deployment's ``key_secret``."""
+
+
+def secret_for(spec: TierSpec, key_secret: bytes = b"") -> bytes | None:
+    """The tier's secret (None without one); ConfigError naming the option otherwise.
+
+    A tier without ``secret_env`` / ``secret_file`` in a deployment with a ``key_secret``
+    takes a value secret derived from it (MAC mode): otherwise someone who may GET and SET
+    the store could rewrite an existing value with a well-formed envelope over their own
+    payload (its format and checksum are public), which the key secret alone, keying only
+    the chunk keys, does not stop."""
     opts = options_of(spec)
-    return load_secret(opts.secret_env, opts.secret_file, opts.encrypt, f"tier {spec.label!r}")
+    own = load_secret(opts.secret_env, opts.secret_file, opts.encrypt, f"tier {spec.label!r}")
+    if own is not None or not key_secret:
+        return own
+    return blake3.blake3(key_secret, derive_key_context=KEY_SECRET_CONTEXT).hexdigest().encode()
 
 
 def keyspace_for(spec: TierSpec, ctx: TierContext) -> KeySpace:
     """How the tier names chunks in the store (keyed by its secret, if any)."""
-    return KeySpace(ctx.namespace, secret_for(spec), options_of(spec).encrypt)
+    secret = secret_for(spec, ctx.namespace.secret)
+    return KeySpace(ctx.namespace, secret, options_of(spec).encrypt)
 
 
 def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
@@ -87,7 +104,7 @@ def _index(spec: TierSpec, ctx: TierContext) -> TierIndex:
 
 def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
     opts = options_of(spec)
-    secret = secret_for(spec)
+    secret = secret_for(spec, ctx.namespace.secret)
     digest = ctx.namespace.digest()
     auth = ValueAuth(secret, opts.encrypt, digest, ctx.chunk_bytes) if secret else None
     return RemoteStore(

@@ -13,10 +13,12 @@ Reads send a batch's GETs and check each value as it arrives; a value that is mi
 truncated, stored under another key or namespace, fails its checksum or its tag, fails
 that chunk, and so does a timeout or a dead server (the engine recomputes).
 
-Self-healing: a value that is present but fails a check is deleted after the batch and its
-name remembered, so the next store of that chunk sets it again instead of skipping it as
-present (even if the delete failed); such values are counted (``auth_failures``: a bad tag,
-``bad_values``: any other check) and so are the deletes (``healed``). Values are opaque
+Self-healing: a value that is present but fails a check (of another length or Redis type
+included: reads fetch at most one byte more than a good value) is deleted after the read,
+all such names in one round trip, and its name remembered, so the next store of that
+chunk sets it again instead of skipping it as present (even if the delete failed); such
+values are counted (``auth_failures``: a bad tag, ``bad_values``: any other check) and so
+are the deletes (``healed``). Values are opaque
 bytes: nothing read is unpickled or evaluated.
 """
 
@@ -41,6 +43,7 @@ from kvtier.tiers.remote.auth import MODE_MAC, ValueAuth
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
 from kvtier.tiers.remote.plain import PlainParts
+from kvtier.tiers.remote.streams import WRONG_TYPE
 
 log = logging.getLogger("kvtier")
 
@@ -116,7 +119,7 @@ class RemoteStore(SlotStore):
         self.bad_values = 0
         """Values present that failed another check (truncated, foreign, checksum)."""
         self.healed = 0
-        """Bad values deleted after they were read."""
+        """Bad values deleted after they were read (names that existed when deleted)."""
         self._suspects: set[bytes] = set()
         # Ticks of this store's SETs (at start and end) and the names being set: a bad
         # value read while this store was setting that name is not deleted (the delete
@@ -200,10 +203,17 @@ class RemoteStore(SlotStore):
     def read(
         self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
     ) -> list[bool]:
-        """One round trip per batch: every GET sent, then each value checked and scattered
+        """One round trip per batch: every read sent, then each value checked and scattered
         as soon as it is read (:mod:`kvtier.tiers.remote.streams`). Sealed values are opened
         (MAC or AES-GCM) on this store's opener thread while the next reply is read (both
-        release the interpreter), all done before this returns."""
+        release the interpreter), all done before this returns.
+
+        No read fetches more than ``value_bytes + 1`` bytes of a value (a longer one is a
+        bad value), so a batch holds at most ``batch * (value_bytes + 1)`` bytes of replies
+        whatever the store holds. Every name that answered something other than a good
+        value (wrong length or type, a failed check, missing by now) is healed after the
+        read in one round trip, even when a later batch failed (the breaker is then open:
+        the heal goes through it)."""
         ok: list[bool] = []
         names = self.keyspace.names(keys, self.rank)
         bad: list[bytes] = []
@@ -228,7 +238,7 @@ class RemoteStore(SlotStore):
                     opening.append(opener.submit(check, j, value))
 
             try:
-                self.client.get_each(names[lo:hi], consume)
+                self.client.get_each(names[lo:hi], consume, self.value_bytes)
             except RemoteUnavailable:
                 wait(opening)
                 good[:] = [False] * (hi - lo)  # some may be scattered: the engine recomputes
@@ -291,10 +301,9 @@ class RemoteStore(SlotStore):
             self._suspects.clear()
         self._suspects.update(names)
         try:
-            self.client.delete(names)
+            self.healed += self.client.delete(names, breaker=False)
         except RemoteUnavailable:
             return  # the next store overwrites them anyway
-        self.healed += len(names)
 
     def take_counters(self) -> dict[str, float]:
         """Bad values and heals since the last call (the ``remote_*`` metrics)."""
@@ -310,6 +319,11 @@ class RemoteStore(SlotStore):
     def _unpack(self, name: bytes, key: Key, value: bytes | None, chunk: Segments) -> bool:
         if value is None:
             return False
+        if value is WRONG_TYPE:
+            self.bad_values += 1  # a list, hash, ... under a chunk name
+            return False
+        if not value:
+            return False  # missing by now (or an empty value): healed, not counted
         plain: bytes | None = value
         if self.auth is not None:
             # unseal reads any buffer: the opened value may be a view of a reused buffer.

@@ -16,10 +16,14 @@ library (``pack_command``) and replies read by its parser, one at a time:
   faster than the kernel's copy of a whole value from memory: the raw SET's own bytes,
   read and sent in 256 KiB parts, ran up to 1.2x its plain speed
   (``benchmarks/remote_tier.py --sends``).
-- **GETs**: every GET of the batch is sent, then each reply is checked and scattered as
+- **GETs**: every read of the batch is sent, then each reply is checked and scattered as
   soon as it is read, and dropped, so its memory is reused for the next (the pipeline held
   all 32 MiB of fresh replies before the first was checked: 0.77-0.84 of the raw pipelined
-  GET at 1-4 MiB values; streamed, 0.98-1.03).
+  GET at 1-4 MiB values; streamed, 0.98-1.03). A read is ``GETRANGE name 0 limit``: it
+  never fetches more than ``limit + 1`` bytes, whatever someone with write access made the
+  value (a 256 MiB value planted under a chunk name costs one byte more than a good value,
+  not a download that outlasts the timeout), and a value of another Redis type answers
+  WRONGTYPE, handed on as :data:`WRONG_TYPE` (a bad value, not a miss).
 
 Per-item success; a transport error or timeout is raised as it is (the caller's guard makes
 the batch a miss), and connections with a command half sent or replies left unread are
@@ -28,6 +32,7 @@ dropped, not reused.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -49,8 +54,18 @@ Each piece is sent (or copied) before the next is asked for, so a piece's memory
 reused for the next."""
 
 Consume = Callable[[int, "bytes | None"], None]
-"""``consume(j, value)``: item j's value as read (None when missing or refused); the value
-is not used after the call returns."""
+"""``consume(j, value)``: item j's value as read: bytes (at most the read's limit + 1;
+empty when the name is missing or its value empty), :data:`WRONG_TYPE` (the name holds
+another Redis type), or None (another error reply, e.g. a cluster slot that moved); the
+value is not used after the call returns."""
+
+
+class WrongType(bytes):
+    """The (empty) value of a name holding a list, hash, set or other non-string type: a
+    bad value, which a reader treats like any value of the wrong length."""
+
+
+WRONG_TYPE = WrongType()
 
 
 class _Conns:
@@ -199,12 +214,15 @@ def _exactly(length: int, pieces: Iterable[Any]) -> Iterator[memoryview]:
         raise ValueError(f"a value's pieces add up to {sent} bytes, not {length}")
 
 
-def _send_each(conns: _Conns, command: str, names: Sequence[bytes]) -> None:
-    """``command name`` for every name, all of a node's in one send (packed by the library)."""
+def _send_each(
+    conns: _Conns, command: str, names: Sequence[bytes], args: tuple[Any, ...] = ()
+) -> None:
+    """``command name *args`` for every name, all of a node's in one send (packed by the
+    library)."""
     per_conn: dict[int, tuple[Any, list[Any]]] = {}
     for j, name in enumerate(names):
         conn = conns.route(name, j)
-        per_conn.setdefault(id(conn), (conn, []))[1].append((command, name))
+        per_conn.setdefault(id(conn), (conn, []))[1].append((command, name, *args))
     for conn, commands in per_conn.values():
         conn.send_packed_command(conn.pack_commands(commands), check_health=False)
 
@@ -224,12 +242,40 @@ def exists_each(client: Any, cluster: bool, names: Sequence[bytes]) -> list[bool
         conns.release()
 
 
-def get_each(client: Any, cluster: bool, names: Sequence[bytes], consume: Consume) -> None:
-    """GET every name (all sent first), handing each reply to ``consume`` as it is read."""
+def get_each(
+    client: Any, cluster: bool, names: Sequence[bytes], consume: Consume, limit: int
+) -> None:
+    """Read every name's first ``limit + 1`` bytes at most (``GETRANGE name 0 limit``, all
+    sent first), handing each reply to ``consume`` as it is read: a value longer than
+    ``limit`` arrives cut at ``limit + 1`` bytes, so the caller sees it is too long without
+    the server sending the rest. A WRONGTYPE reply is :data:`WRONG_TYPE`, any other error
+    reply None."""
     conns = _Conns(client, cluster)
     try:
-        _send_each(conns, "GET", names)
+        _send_each(conns, "GETRANGE", names, (0, limit))
         for j, reply in conns.replies():
-            consume(j, reply if isinstance(reply, bytes) else None)
+            if isinstance(reply, bytes):
+                consume(j, reply)
+            elif isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith(
+                "WRONGTYPE"
+            ):
+                consume(j, WRONG_TYPE)
+            else:
+                if isinstance(reply, redis.exceptions.NoPermissionError):
+                    _warn_noperm()
+                consume(j, None)
     finally:
         conns.release()
+
+
+_NOPERM_WARNED: list[bool] = []
+
+
+def _warn_noperm() -> None:
+    """Once per process: an ACL user granted ``GET`` by an older kvtier lacks ``GETRANGE``."""
+    if not _NOPERM_WARNED:
+        _NOPERM_WARNED.append(True)
+        logging.getLogger("kvtier").warning(
+            "kvtier: the store refused GETRANGE (NOPERM): loads are misses until kvtier's "
+            "ACL user is granted +getrange (docs/security.md, section 6)"
+        )

@@ -36,6 +36,13 @@ _SCHEMES = {
 _URL_LIST = re.compile(r",(?=\s*rediss?(?:\+cluster)?://)", re.IGNORECASE)
 
 
+def _hidden(url: str) -> str:
+    """``url`` as errors show it: the scheme only (``redis://...``). A malformed URL's
+    parts cannot be told apart, so none of them is shown: any could be the password."""
+    scheme, sep, _ = url.partition("://")
+    return f"{scheme}://..." if sep else "the URL"
+
+
 @dataclass(frozen=True)
 class RemoteTarget:
     """A parsed remote-store URL. ``password`` never appears in ``repr`` or ``display``."""
@@ -64,6 +71,8 @@ class RemoteTarget:
 
 
 def _host_port(text: str, url: str) -> tuple[str, int]:
+    """``host[:port]`` of one seed. Errors show ``url`` (masked) and never the text of a
+    malformed part: ``redis://user:S3cr3t`` (host forgotten) reads "S3cr3t" as a port."""
     if text.startswith("["):  # [ipv6]:port
         end = text.find("]")
         host, rest = text[1:end], text[end + 1 :]
@@ -71,11 +80,14 @@ def _host_port(text: str, url: str) -> tuple[str, int]:
     else:
         host, _, port_text = text.partition(":")
     if not host:
-        raise ConfigError(f"url: no host in {url!r}")
+        raise ConfigError(f"url: no host in {_hidden(url)}")
     if not port_text:
         return host, DEFAULT_PORT
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigError(f"url: bad port {port_text!r} in {url!r}")
+        raise ConfigError(
+            f"url: the port of a host in {_hidden(url)} is not a number from 1 to 65535 (not "
+            "shown: with '@host' forgotten, it is the password); give user:password@host:port"
+        )
     return host, int(port_text)
 
 
@@ -96,9 +108,10 @@ def parse_remote_url(
         url = ",".join([first, *others])
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in _SCHEMES:
-        shown = url.split("@")[-1] if "@" in url else url
+        # The text is not shown: it may be a secret pasted in the wrong place.
+        said = "has no scheme" if not sep else "has a scheme that is not accepted"
         raise ConfigError(
-            f"url: {shown!r} is not a remote-store URL; accepted schemes: "
+            f"url: the value (not shown, {len(url)} characters) {said}; accepted schemes: "
             f"{', '.join(s + '://' for s in _SCHEMES)}"
         )
     tls, cluster = _SCHEMES[scheme.lower()]
@@ -123,13 +136,16 @@ def parse_remote_url(
         if item:
             seeds.append(_host_port(item, masked))
     if not seeds:
-        raise ConfigError(f"url: no host in {masked!r}")
+        raise ConfigError(f"url: no host in {_hidden(masked)}")
     if len(seeds) > 1:
         cluster = True
     db = 0
     if path:
         if cluster or not path.isdigit():
-            raise ConfigError(f"url: bad database {path!r} in {masked!r} (a cluster has only db 0)")
+            raise ConfigError(
+                f"url: the database after '/' in {_hidden(masked)} is not a number (not shown), "
+                "or the URL is a cluster's (a cluster has only db 0)"
+            )
         db = int(path)
     if password is None:
         password = env.get(password_env) or None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtier.tools.bench.workloads import next_ready
+from kvtier.tools.bench.workloads import next_ready, repetition
 
 
 async def _one(
@@ -154,9 +154,11 @@ def run_http_modes(
     concurrency: int,
     out_dir: Path,
     bar: Any,
+    repeats: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Every workload over HTTP, per mode: against ``url`` (one running server, mode
-    "server"), or against a server started per mode (same flags and binding)."""
+    "server"), or against a server started per mode (same flags and binding); each
+    workload ``repeats`` times in a row (:func:`~kvtier.tools.bench.workloads.repetition`)."""
     from kvtier.tools.bench.prompts import tokenizer
     from kvtier.tools.bench.server import Server, ServerSpec, kvtier_hit_tokens, metrics
 
@@ -174,11 +176,11 @@ def run_http_modes(
             serve_over_http(base, {"requests": [{"id": "warmup", "prompt": warm, "max_tokens": 2}]})
             reset_prefix_cache(base)
             ops = []
-            for wl in workloads:
+            for wl, k in ((wl, k) for wl in workloads for k in range(repeats)):
                 before = kvtier_hit_tokens(metrics(base))
                 op = {
                     "name": wl.name,
-                    "requests": wl.requests,
+                    "requests": repetition(wl.requests, k),
                     "max_concurrency": concurrency,
                     "eos_token_id": eos,
                 }

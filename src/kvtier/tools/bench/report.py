@@ -16,6 +16,20 @@ def percentile(xs: list[float], q: float) -> float:
     return ys[k]
 
 
+def merge_runs(ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workload's repeated runs in one mode as one result: their requests together,
+    their seconds (and, over HTTP, kvtier's hit tokens) added."""
+    out = {**ops[0], "requests": [r for op in ops for r in op["requests"]], "runs": len(ops)}
+    out["seconds"] = sum(op["seconds"] for op in ops)
+    if "kvtier_hit_tokens" in ops[0]:
+        hits: dict[str, int] = {}
+        for op in ops:
+            for src, n in op["kvtier_hit_tokens"].items():
+                hits[src] = hits.get(src, 0) + n
+        out["kvtier_hit_tokens"] = hits
+    return out
+
+
 def summarize(op: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
     """Statistics of one workload run in one mode (``op`` is a runner ``serve`` result)."""
     reqs = op["requests"]
@@ -62,7 +76,34 @@ def summarize(op: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, 
         b_hit = _hit_ttft(baseline["requests"])
         h = result["hit_ttft_p50_s"]
         result["extra_ttft_vs_baseline_hits_s"] = (h - b_hit) if h is not None and b_hit else None
+        result.update(cold_ttft(op, baseline))
     return result
+
+
+def cold_ttft(op: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """TTFT of the requests kvtier did not serve a token of (no tier hit: they would be
+    no faster with kvtier, and must be no slower), against the same requests' TTFT in the
+    baseline: p50 and p99 of each, and their ratios (``cold_ttft_p50_over_baseline``,
+    ``cold_ttft_p99_over_baseline``). None each when there is no such request, or when
+    per-request hits are unknown (over HTTP, only per-workload totals are)."""
+    keys = ("cold_requests", "cold_ttft_p50_s", "cold_ttft_p99_s", "cold_ttft_p50_over_baseline")
+    out: dict[str, Any] = dict.fromkeys((*keys, "cold_ttft_p99_over_baseline"))
+    if "kvtier_hit_tokens" in op:
+        return out
+    base = {r["id"]: r["ttft"] for r in baseline["requests"]}
+    cold = [r for r in op["requests"] if not sum(r.get("hit_sources", {}).values())]
+    cold = [r for r in cold if r["id"] in base]
+    out["cold_requests"] = len(cold)
+    if not cold:
+        return out
+    mine = [r["ttft"] for r in cold]
+    theirs = [base[r["id"]] for r in cold]
+    for q in (50, 99):
+        a, b = percentile(mine, q), percentile(theirs, q)
+        out[f"cold_ttft_p{q}_s"] = a
+        out[f"baseline_cold_ttft_p{q}_s"] = b
+        out[f"cold_ttft_p{q}_over_baseline"] = a / b if b > 0 else None
+    return out
 
 
 def _hit_ttft(reqs: list[dict[str, Any]]) -> float | None:
@@ -88,6 +129,7 @@ def table(workload: str, description: str, modes: dict[str, dict[str, Any]]) -> 
         "prompt tokens dev/host/disk/recomp",
         "loads s/a",
         "hit TTFT vs base",
+        "cold TTFT p50/p99 vs base",
         "=base",
     ):
         t.add_column(col, justify="left" if col == "mode" else "right")
@@ -102,9 +144,17 @@ def table(workload: str, description: str, modes: dict[str, dict[str, Any]]) -> 
             "/".join(str(h[k]) for k in ("device", "host", "disk", "recomputed")),
             f"{s['loads']['sync']}/{s['loads']['async']}",
             "-" if extra is None else f"{extra * 1e3:+.0f} ms",
+            _cold(s),
             _match(s.get("outputs_match_baseline")),
         )
     return t
+
+
+def _cold(s: dict[str, Any]) -> str:
+    a, b = s.get("cold_ttft_p50_over_baseline"), s.get("cold_ttft_p99_over_baseline")
+    if a is None or b is None:
+        return "-"
+    return f"{a:.2f}x/{b:.2f}x ({s['cold_requests']})"
 
 
 def _match(same: bool | None) -> str:

@@ -38,7 +38,7 @@ from kvtier.tools.bench.binding import (
 from kvtier.tools.bench.engine import run_with_progress
 from kvtier.tools.bench.http import run_http_modes
 from kvtier.tools.bench.machine import machine_info, preferred_dtype
-from kvtier.tools.bench.workloads import WORKLOADS, Workload, WorkloadOptions, build
+from kvtier.tools.bench.workloads import WORKLOADS, Workload, WorkloadOptions, build, repetition
 from kvtier.units import parse_size
 
 MODES = ("baseline", "async", "sync", "auto")
@@ -81,6 +81,11 @@ class BenchOptions:
     it (one mode, "server"; it must serve the bench model)."""
     serve: bool = False
     """Start an OpenAI server per mode and drive the workloads over HTTP."""
+    repeats: int = 3
+    """Runs of each workload per mode, the caches reset between them; every statistic is
+    over the requests of all runs (request ids get ``#run``). Three runs make the cold
+    requests' TTFT ratios (``cold_ttft_p50_over_baseline``) stable to a few percent here,
+    where one run's half-dozen cold requests moved them by 10%."""
     remote: str | None = None
     """The ``two-engines`` workload's store: a Redis / Valkey URL (the run writes and then
     deletes keys of its own namespace only); None: a private redis-server on 127.0.0.1,
@@ -103,7 +108,7 @@ def validate(opts: BenchOptions) -> str:
         raise ConfigError(
             f"--dtype: got {opts.dtype!r}; accepted: auto, float32, bfloat16, float16"
         )
-    for name in ("requests", "concurrency", "device_blocks", "max_tokens", "doc_tokens"):
+    for name in ("requests", "concurrency", "device_blocks", "max_tokens", "doc_tokens", "repeats"):
         if getattr(opts, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')}: must be > 0")
     if opts.server and opts.serve:
@@ -177,7 +182,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     modes = ("server",) if opts.server else opts.modes if workloads else ()
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    total = len(modes) * (1 + sum(len(w.requests) for w in workloads))  # + warm-up
+    total = len(modes) * (1 + opts.repeats * sum(len(w.requests) for w in workloads))
     total += two_engines.progress_total(pair) if pair else 0
     paired: dict[str, Any] | None = None
     raw: dict[str, dict[str, Any]] = {}
@@ -195,6 +200,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
                 concurrency=opts.concurrency,
                 out_dir=out_dir,
                 bar=bar,
+                repeats=opts.repeats,
             )
         for mode in () if http else modes:
             bar.set_postfix_str(f"mode {mode}")
@@ -242,7 +248,8 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         first = next(iter(binding.values())) or {}
         console.print(f"every engine of this run computed on {describe(first)}")
     for i, wl in enumerate(workloads):
-        ops = {m: raw[m]["ops"][i] for m in modes}
+        r = opts.repeats
+        ops = {m: report.merge_runs(raw[m]["ops"][i * r : (i + 1) * r]) for m in modes}
         base = ops.get("baseline")
         stats = {
             m: report.summarize(op, base if m != "baseline" else None) for m, op in ops.items()
@@ -303,16 +310,20 @@ def _program(workloads: list[Workload], opts: BenchOptions) -> list[dict[str, An
                 {"id": "warmup", "prompt": workloads[0].requests[0]["prompt"][:64], "max_tokens": 2}
             ],
         },
+        # Measured once the CPU tier has faulted its memory in (a one-time start-up cost:
+        # its background warm-up took a core from the first workload's requests).
+        {"op": "settle"},
         {"op": "reset_prefix_cache", "connector": True},
     ]
     for wl in workloads:
-        prog.append(
-            {
-                "op": "serve",
-                "name": wl.name,
-                "requests": wl.requests,
-                "max_concurrency": opts.concurrency,
-            }
-        )
-        prog.append({"op": "reset_prefix_cache", "connector": True})
+        for k in range(opts.repeats):
+            prog.append(
+                {
+                    "op": "serve",
+                    "name": wl.name,
+                    "requests": repetition(wl.requests, k),
+                    "max_concurrency": opts.concurrency,
+                }
+            )
+            prog.append({"op": "reset_prefix_cache", "connector": True})
     return prog

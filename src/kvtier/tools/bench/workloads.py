@@ -197,13 +197,34 @@ def _hash_tokens(h: int, n: int) -> list[int]:
 
 
 def next_ready(
-    pending: list[dict[str, Any]], now: float, history: dict[str, list[int]]
+    pending: list[dict[str, Any]],
+    now: float,
+    history: dict[str, list[int]],
+    finished: dict[str, float] | None = None,
 ) -> dict[str, Any] | None:
     """Pop the first request that has arrived and whose predecessor (if any) finished
-    (``history`` holds finished requests' prompt + output)."""
+    (``history`` holds finished requests' prompt + output), ``gap`` seconds ago or more
+    when it gives one (an agent's tool call; ``finished``: when each request finished, on
+    the clock of ``now``)."""
     for i, r in enumerate(pending):
         if r.get("arrival", 0.0) > now:
             return None
-        if not r.get("extend") or r["extend"] in history:
+        prev = r.get("extend")
+        if not prev or prev in history:
+            gap = r.get("gap", 0.0)
+            if gap and prev and finished is not None and now < finished.get(prev, 0.0) + gap:
+                continue
             return pending.pop(i)
     return None
+
+
+def repetition(requests: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Run ``k`` of a workload's requests: ids (and the ids a request extends) get
+    ``#k``, so the runs' requests stay apart in the results and in the engine."""
+    out = []
+    for r in requests:
+        r = {**r, "id": f"{r['id']}#{k}"}
+        if r.get("extend"):
+            r["extend"] = f"{r['extend']}#{k}"
+        out.append(r)
+    return out

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +39,14 @@ from kvtier.tiers.disk.format import (
     slab_file_name,
 )
 from kvtier.tiers.disk.kind import STATES_DIR
-from kvtier.tiers.disk.private import open_file, open_private_dir, remove_file
+from kvtier.tiers.disk.private import (
+    RANK_DIR,
+    list_names,
+    open_file,
+    open_private_dir,
+    remove_file,
+)
 from kvtier.tools.purge import PurgeTarget
-
-_RANK_DIR = re.compile(r"tp\d+-rank\d+")
 
 
 @dataclass
@@ -58,19 +61,44 @@ class DiskPurge:
 def tier_dirs(path: Path) -> list[Path]:
     """The tier directories under ``path``: itself when it holds a superblock, else its
     per-rank subdirectories that do, and those of its ``states`` subdirectory (hybrid
-    models' recurrent states, same namespaces). ConfigError when there is no directory
-    at all."""
-    if path.is_symlink() or not path.is_dir():
+    models' recurrent states, same namespaces). Opened as the tier opens them
+    (:func:`kvtier.tiers.disk.private.open_private_dir`: no link followed, ours and private,
+    nothing changed); ConfigError when there is no directory at all, UnsafeDirectory when
+    one is not safe to read."""
+    if not os.path.lexists(path):
         raise ConfigError(f"purge: --disk {path} is not a directory")
-    if (path / SUPER_NAME).exists():
+    dfd = open_private_dir(path, create=False, tighten=False)
+    try:
+        names = set(list_names(dfd))
+    finally:
+        os.close(dfd)
+    if SUPER_NAME in names:
         return [path]
+    out = _rank_dirs(path, names)
+    if STATES_DIR in names:
+        dfd = open_private_dir(path / STATES_DIR, create=False, tighten=False)
+        try:
+            states = set(list_names(dfd))
+        finally:
+            os.close(dfd)
+        out += _rank_dirs(path / STATES_DIR, states)
+    return out
+
+
+def _rank_dirs(path: Path, names: set[str]) -> list[Path]:
+    """The per-rank subdirectories among ``names`` (the entries of ``path``) that hold a
+    superblock."""
     out = []
-    for root in (path, path / STATES_DIR):
-        if root.is_symlink() or not root.is_dir():
+    for name in sorted(n for n in names if RANK_DIR.fullmatch(n)):
+        try:
+            sub = open_private_dir(path / name, create=False, tighten=False)
+        except FileNotFoundError:
             continue
-        out += sorted(
-            p for p in root.iterdir() if _RANK_DIR.fullmatch(p.name) and (p / SUPER_NAME).exists()
-        )
+        try:
+            if SUPER_NAME in list_names(sub):
+                out.append(path / name)
+        finally:
+            os.close(sub)
     return out
 
 

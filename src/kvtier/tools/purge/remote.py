@@ -114,3 +114,32 @@ def namespaces_present(client: Any) -> dict[str, int]:
                 ns = f"{m.group('tenant').decode()}:{m.group('model').decode()}"
                 counts[ns] = counts.get(ns, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def nothing_matched(
+    client: Any, target: PurgeTarget, got: RemotePurge, secret: bytes | None
+) -> str | None:
+    """Why a purge of one tenant or model found nothing, when the store holds other kvtier
+    chunks (None when it matched something, selected everything, or the store holds no
+    kvtier chunk at all). Keyed and unkeyed names look alike (hex labels), so the hint names
+    both causes: names keyed by a secret the purge was not given, or a namespace that
+    differs from what the engine logs."""
+    if got.chunks or target.every or target.labels is not None:
+        return None
+    present = namespaces_present(client)
+    total = sum(present.values())
+    if not total:
+        return None
+    keyed = (
+        "the purge was given no secret: a redis tier with secret_env or secret_file (or, "
+        "without one, a deployment with key_secret_env or key_secret_file) keys its names, "
+        "so give --secret-env / --secret-file (or --key-secret-env / --key-secret-file) as "
+        "the deployment has them"
+        if secret is None
+        else "the secret given may not be the tier's (names are keyed by it)"
+    )
+    return (
+        f"no chunk matched {target.describe()}, while the store holds {total} kvtier chunks "
+        f"under {len(present)} label pair(s) (see --list); {keyed}, or check the namespace "
+        "text and model against what the engine logs at start (kvtier: namespace ...)"
+    )

@@ -178,16 +178,19 @@ class GeneratedRequest:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    retain_s: float = 0.0
+    """A ``retain_s`` hint the request carries (written under ``kvtier``; 0: none)."""
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "timestamp": self.timestamp_ms,
-                "input_length": self.input_length,
-                "output_length": self.output_length,
-                "hash_ids": list(self.hash_ids),
-            }
-        )
+        out: dict[str, object] = {
+            "timestamp": self.timestamp_ms,
+            "input_length": self.input_length,
+            "output_length": self.output_length,
+            "hash_ids": list(self.hash_ids),
+        }
+        if self.retain_s:
+            out["kvtier"] = {"retain_s": self.retain_s}
+        return json.dumps(out)
 
 
 class _BlockIds:

@@ -49,10 +49,11 @@ from typing import Any
 
 from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.errors import ConfigError
+from kvtier.hints import Hints
 from kvtier.jobs import JobResult, StepPlan, WorkerReport
 from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, ScheduledRequest
+from kvtier.manager import CacheManager, ScheduledRequest, on_new_request
 from kvtier.policies import eviction_names
 from kvtier.stack.build import build_stack
 from kvtier.stack.kinds import TierContext
@@ -158,6 +159,7 @@ def replay_index(
     check: bool = False,
     tiers: Sequence[str] = DEFAULT_TIERS,
     config: KVTierConfig | None = None,
+    hints: bool = True,
 ) -> ReplayCounts:
     """Replay ``trace`` through kvtier's own scheduler side: a CacheManager over a tier
     stack built by the tier registry, as the connector builds it.
@@ -167,9 +169,13 @@ def replay_index(
     connector builds from it (``eviction`` and ``min_seen`` are then ignored). Every request
     runs the connector's call sequence (lookup, plan_load, on_allocated, build_step with
     its stores, request_finished) and every job the plans hold succeeds at once. ``check``
-    runs the indexes' invariant checks after every request (slow; for tests).
+    runs the indexes' invariant checks after every request (slow; for tests). ``hints``:
+    requests' ``retain_s`` hints take leases (:mod:`kvtier.stack.retain`) on the trace's
+    clock (its timestamps); off, they are ignored.
     """
     manager = _replay_manager(slots, eviction, min_seen, tiers, config)
+    now = [0.0]
+    manager.arrivals.retention.clock = lambda: now[0]
     position = manager.stack.position
     n_tiers = len(slots)
     hit_blocks = [0] * n_tiers
@@ -178,6 +184,10 @@ def replay_index(
     for i, keys in enumerate(trace.keys):
         req_id = f"r{i}"
         ntok = trace.tokens[i]
+        req = trace.requests[i]
+        now[0] = req.timestamp / 1000
+        if hints and req.retain_s:
+            on_new_request(manager, req_id, (), hints=Hints(retain_s=req.retain_s))
         hit = manager.lookup_keys(req_id, keys)
         assert hit is not None  # no tier here answers "not yet"
         for name, c0, c1 in hit.runs:
@@ -344,9 +354,10 @@ class _Runner:
     """Runs policies on one trace, caching what several runs share: the next-use table and
     bound replays that depend only on a slot count."""
 
-    def __init__(self, trace: Trace, tick: Tick | None) -> None:
+    def __init__(self, trace: Trace, tick: Tick | None, hints: bool = True) -> None:
         self.trace = trace
         self.tick = tick
+        self.hints = hints
         self._future: list[list[int]] | None = None
         self._bounds: dict[tuple[str, int], ReplayCounts] = {}
         self._infinite: ReplayCounts | None = None
@@ -355,9 +366,13 @@ class _Runner:
         """Per-tier hits of ``spec`` on a configuration."""
         slots = [t.slots for t in tiers]
         if spec.kind == "index":
-            return replay_index(self.trace, slots, spec.eviction, spec.min_seen, tick=self.tick)
+            return replay_index(
+                self.trace, slots, spec.eviction, spec.min_seen, tick=self.tick, hints=self.hints
+            )
         if spec.kind == "default":
-            return replay_index(self.trace, slots, "", config=KVTierConfig(), tick=self.tick)
+            return replay_index(
+                self.trace, slots, "", config=KVTierConfig(), tick=self.tick, hints=self.hints
+            )
         if spec.kind in _BOUND_PASSES:
             return self._bound_tiers(slots, lambda n: self._bound_one(spec.kind, n))
         return self._infinite_tiers(len(slots))
@@ -423,6 +438,7 @@ def run_sim(
     trace_block_tokens: int = TRACE_BLOCK_TOKENS,
     bytes_per_token: int = SMOLLM2_BYTES_PER_TOKEN,
     progress: bool = False,
+    hints: bool = True,
 ) -> dict[str, Any]:
     """Simulate every policy on every capacity configuration of a Mooncake trace.
 
@@ -430,7 +446,8 @@ def run_sim(
     tier) or one per tier, innermost first (``("1M", "10M")`` or ``"1M+10M"``): token counts
     (``3000000``, ``"3M"``) or byte sizes (``"8GiB"``, converted with ``bytes_per_token``).
     ``tiers`` names the tiers by position. ``policies``: see :func:`parse_policy`.
-    ``progress`` shows a tqdm bar on stderr.
+    ``progress`` shows a tqdm bar on stderr. ``hints``: honour the requests' ``retain_s``
+    hints (kvtier's policies only; the bounds have no leases).
 
     Returns a JSON-serialisable dict (format it with :func:`format_sim`): trace facts, and
     under ``"runs"`` one entry per (configuration, policy) with per-tier and total
@@ -468,7 +485,7 @@ def run_sim(
     per = _BOUND_PASSES
     work = sum(len(c) * per[s.kind] if s.kind in per else 1 for c in configs for s in specs)
     bar = _progress_bar(work * len(trace.keys), progress)
-    runner = _Runner(trace, bar.update if bar is not None else None)
+    runner = _Runner(trace, bar.update if bar is not None else None, hints)
     runs = []
     try:
         for config in configs:
@@ -487,6 +504,8 @@ def run_sim(
         "unique_blocks": trace.unique_blocks,
         "block_tokens": block_tokens,
         "bytes_per_token": bytes_per_token,
+        "hints": hints,
+        "retain_hints": sum(1 for r in trace.requests if r.retain_s),
         "load_seconds": round(load_seconds, 4),
         "seconds": round(time.perf_counter() - t0, 4),
         "runs": runs,

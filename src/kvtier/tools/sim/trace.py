@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.hints import NO_HINTS, parse_hints
 from kvtier.keys import Key, chunk_keys
 
 TRACE_BLOCK_TOKENS = 512
@@ -51,6 +52,9 @@ class SimRequest:
     input_tokens: int
     """Prompt length in tokens, scaled to the simulation's block size."""
     hash_ids: tuple[int, ...]
+    retain_s: float = 0.0
+    """The request's ``retain_s`` hint (its optional ``kvtier`` field, as vLLM's
+    ``kv_transfer_params`` carry it; an invalid one warns and counts as none)."""
 
 
 @dataclass
@@ -170,7 +174,8 @@ def parse_request(
             f"{input_tokens} spans only {max_ids} blocks of {trace_block_tokens} tokens "
             "(is the trace's block size different? set trace_block_tokens)"
         )
-    return SimRequest(lineno, timestamp, input_tokens, hash_ids)
+    hints = parse_hints({"kvtier": obj["kvtier"]}) if "kvtier" in obj else NO_HINTS
+    return SimRequest(lineno, timestamp, input_tokens, hash_ids, hints.retain_s)
 
 
 def _kind(value: Any) -> str:

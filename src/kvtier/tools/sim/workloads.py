@@ -8,7 +8,9 @@ seed. Token counts are prompt tokens, times seconds. Shapes, and what each stres
   tool call and its result to the session's prompt; at some steps the agent *fans out*
   several branches (sub-tasks) off the same prefix, each running a few steps of its own;
   some sessions *idle* for a long time (a human in the loop) before their next step. Stresses
-  many branches off one prefix and reuse after long gaps.
+  many branches off one prefix and reuse after long gaps. With ``retain_s`` > 0 every step
+  that has a next one carries a ``retain_s`` hint (``kvtier sim`` honours it unless
+  ``--no-hints``: the agent workload with and without retention hints).
 - ``rag``: retrieval-augmented QA. A corpus of shared documents with Zipf popularity; each
   request is a system prompt, ``k`` retrieved documents *in the retriever's order* (varying
   per request) and a question. Documents are shared but only the leading document's
@@ -60,6 +62,7 @@ PARAMS: dict[str, Params] = {
         "idle_s": 1800,
         "think_s": 6,
         "rate": 0.3,
+        "retain_s": 0,
     },
     "rag": {
         "requests": 2500,
@@ -100,8 +103,10 @@ def _segment_counter() -> Callable[[], int]:
     return new
 
 
-def _req(ids: _BlockIds, t: float, segs: list[tuple[int, int]], out: int) -> GeneratedRequest:
-    return GeneratedRequest(int(t * 1000), sum(n for _, n in segs), out, ids.of(segs))
+def _req(
+    ids: _BlockIds, t: float, segs: list[tuple[int, int]], out: int, retain_s: float = 0.0
+) -> GeneratedRequest:
+    return GeneratedRequest(int(t * 1000), sum(n for _, n in segs), out, ids.of(segs), retain_s)
 
 
 def _vary(rng: random.Random, mean: float) -> int:
@@ -129,7 +134,10 @@ def _agentloop(rng: random.Random, ids: _BlockIds, p: Params) -> list[GeneratedR
     while events:
         now, _, history, left, main = heapq.heappop(events)
         answer = _vary(rng, 200)
-        out.append(_req(ids, now, history, answer))
+        # An agent framework asks to keep the session's chain until its next step (only
+        # while one follows: the last step's chain is not needed again).
+        retain = p["retain_s"] if left > 1 else 0.0
+        out.append(_req(ids, now, history, answer, retain))
         if left <= 1 or sum(n for _, n in history) > 100_000:
             continue
         gap = rng.expovariate(1 / p["think_s"])

@@ -128,7 +128,7 @@ step-size warm-up (``SoakOptions.step_warmup``) is 128 short prefills."""
 GROUP_BLOCKS = {"smollm2": 1, "gemma3": 3}
 """Engine blocks per ``device_blocks`` for each model: the tiny Gemma 3's sliding-window
 groups take blocks from the same pool as its global layers, so the same context length
-needs about three times the blocks."""
+needs about three times the blocks (fewer do not fit a request of max_model_len)."""
 
 
 def engine_settings(opts: SoakOptions) -> dict[str, Any]:

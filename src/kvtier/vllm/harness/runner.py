@@ -17,7 +17,8 @@ SPEC (JSON)::
           "image": {"seed": 1, "size": 64} | null}],
          "max_concurrency": 4},
         {"op": "reset_prefix_cache"}, {"op": "drain"}, {"op": "settle"},
-        {"op": "stores", "on": false}, {"op": "drop_states", "prompt": [ids], "from": 288}]}
+        {"op": "stores", "on": false}, {"op": "evict", "tier": "cpu"},
+        {"op": "drop_states", "prompt": [ids], "from": 288}]}
 
 ``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
 than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
@@ -34,9 +35,16 @@ kvtier has no job in flight. ``settle`` waits until kvtier's CPU tier memory is 
 in (done in the background after start-up; see :mod:`kvtier.vllm.probe`) and records the
 wait in OUT's ``settle`` list. ``stores`` (in-process engines with the connector) turns
 kvtier's stores off (``"on": false``: the admission policy refuses every chunk, lookups
-and hits go on) or back on, so one engine can measure what its stores cost. ``drop_states``
-(in-process hybrid engines with the connector) forgets kvtier's recurrent states of
-``prompt``'s chain at every boundary from ``from`` tokens on, as an eviction would. OUT holds
+and hits go on) or back on, so one engine can measure what its stores cost. ``evict``
+(in-process engines) forgets what a kvtier tier holds (default "cpu"), as other traffic
+evicting it would: the tiers below keep their copies; ``prefetch`` (``"on": bool``)
+turns kvtier's prefetch on arrival on or off. ``drop_states`` (in-process hybrid engines
+with the connector) forgets kvtier's recurrent states of ``prompt``'s chain at every
+boundary from ``from`` tokens on, as an eviction would. A request with ``extend`` and ``gap``
+(seconds) is admitted that long after the request it extends finished (an agent's tool
+call). A request's ``kv_transfer_params``
+(a mapping) reaches the connector as vLLM's per-request transfer parameters (kvtier's
+hints: docs/prefetch.md). OUT holds
 every op's results and, with ``inspect``, kvtier's
 internal state (in-process engines only), with ``inspect_keys`` also every tier's readable
 chunk keys and the key seed. ``kv_events`` turns vLLM's KV events on (``KVEventsConfig``
@@ -130,11 +138,12 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
     limit = op.get("max_concurrency", 1 << 30)
     running: dict[str, dict[str, Any]] = {}
     done: dict[str, dict[str, Any]] = {}
+    finished_at: dict[str, float] = {}
     t0 = time.perf_counter()
     while pending or running:
         now = time.perf_counter() - t0
         while len(running) < limit:
-            r = next_ready(pending, now, history)
+            r = next_ready(pending, now, history, finished_at)
             if r is None:
                 break
             prompt = list(r["prompt"])
@@ -145,6 +154,11 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 temperature=0.0,
                 max_tokens=r.get("max_tokens", 8),
                 ignore_eos=r.get("ignore_eos", False),
+                extra_args=(
+                    {"kv_transfer_params": r["kv_transfer_params"]}
+                    if r.get("kv_transfer_params") is not None
+                    else None
+                ),
             )
             tokens = TokensPrompt(prompt_token_ids=prompt)
             if r.get("image") is not None:
@@ -194,6 +208,7 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
                 if "engine_prompt" in rec:
                     rec["engine_prompt"] = list(out.prompt_token_ids or ())
                 history[rec["id"]] = rec.pop("prompt") + rec["output"]
+                finished_at[rec["id"]] = t - t0
                 done[rec["id"]] = running.pop(rec["id"])
                 if progress:
                     _FINISHED[0] += 1
@@ -257,6 +272,28 @@ def drop_states(llm: Any, op: dict[str, Any]) -> int:
     return int(conn.states.cache.drop(chain.keys, int(op["from"])))
 
 
+def set_prefetch(llm: Any, on: bool) -> None:
+    """Turn kvtier's prefetch on arrival on or off (config ``prefetch``) in this process's
+    engine; no-op without kvtier (the baseline runs the same program)."""
+    import dataclasses
+
+    conn = _connector(llm)
+    if conn is not None and conn.manager is not None:
+        m = conn.manager
+        m.config = m.arrivals.config = dataclasses.replace(m.config, prefetch=on)
+
+
+def evict(llm: Any, tier: str) -> None:
+    """Forget every chunk of kvtier tier ``tier`` that no job holds (what other traffic
+    evicting it would do; the tiers below keep their copies). No-op without kvtier in
+    this process (the baseline runs the same program)."""
+    conn = _connector(llm)
+    if conn is None or conn.manager is None:
+        return
+    drain(llm)
+    conn.manager.stack.by_name(tier).index.clear()
+
+
 def drain(llm: Any, timeout: float = 30.0) -> None:
     """Step the engine until kvtier's jobs in flight are done and reported."""
     conn = _connector(llm)
@@ -305,6 +342,8 @@ def inspect(llm: Any, keys: bool = False) -> dict[str, Any]:
             "pending_jobs": m.has_pending_jobs(),
             "requests": m.num_requests(),
             "pins": sum(e.pins for index in slot_tiers for e in index._entries.values()),
+            "leases": m.arrivals.retention.leases(),
+            "prefetching": m.arrivals.prefetch.active(),
             "chunks": len(m.tiers[0].index),
             "tier_chunks": {t.name: len(t.index) for t in m.tiers},
             "preemptions": conn.preemptions,
@@ -400,6 +439,10 @@ def execute(llm: Any, spec: dict[str, Any], t0: float) -> dict[str, Any]:
             drain(llm)
         elif kind == "stores":
             set_stores(llm, bool(op["on"]))
+        elif kind == "evict":
+            evict(llm, str(op.get("tier", "cpu")))
+        elif kind == "prefetch":
+            set_prefetch(llm, bool(op["on"]))
         elif kind == "drop_states":
             out.setdefault("dropped_states", []).append(drop_states(llm, op))
         elif kind == "settle":

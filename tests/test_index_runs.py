@@ -1,0 +1,196 @@
+"""The index's run-level store paths against the simple per-key reference.
+
+A reservation builds its entries in one pass per field, a store's own in-order commit
+promotes its run at once (``commit_run``), ancestors are touched with one ``touch_many``
+over run slices, and policies insert a chain and touch many keys in C-level passes. The
+reference (:class:`PerKeyIndex`) is the index as it was: one key at a time everywhere.
+Both run the same random operations on chains that share prefixes; after each operation
+every entry, the slot lists, the policy's eviction order and what each call returned
+must be identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.config import EVICTION_POLICIES
+from kvtier.keys import Key, chunk_keys
+from kvtier.policies import make_eviction_policy
+from kvtier.policies.chain_arc import ChainARCPolicy
+from kvtier.policies.eviction import LRUPolicy
+from kvtier.tiers.index import SlotIndex, _Entry, commit_each, evict_leaves
+from kvtier.tiers.runs import run_after
+
+
+class PerKeyIndex(SlotIndex):
+    """The reference: reserve, commit and the ancestors' touch one key at a time."""
+
+    def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
+        if not keys or (parent is not None and not self.has(parent)):
+            return []
+        for i, k in enumerate(keys):
+            if k in self._entries:
+                keys = keys[:i]
+                break
+        if not keys:
+            return []
+        need = len(keys) - len(self._free)
+        if need > 0:
+            evict_leaves(self, need, protect=parent)
+        n = min(len(keys), len(self._free))
+        slots = [self._free.pop() for _ in range(n)]
+        prev = parent
+        run, pos = run_after(self._entries[parent] if parent is not None else None)
+        run.keys += keys[:n]
+        run.slots += slots
+        for key, slot in zip(keys[:n], slots, strict=True):
+            self._entries[key] = _Entry(slot, prev, run, pos)
+            self._slots[key] = slot
+            if prev is not None:
+                self._entries[prev].children.append(key)
+            prev = key
+            pos += 1
+        self.policy.insert_chain(keys[:n], parent)
+        self._touch_ancestors(parent)
+        self.recency.changed()
+        return slots
+
+    def _touch_ancestors(self, key: Key | None) -> None:
+        while key is not None:
+            self.policy.touch(key)
+            key = self._entries[key].parent
+
+    def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
+        return commit_each(self, keys, ok)
+
+
+def chains() -> list[list[Key]]:
+    """Chains sharing prefixes of 1-3 chunks, so the stored tree branches."""
+    out = []
+    for c in range(6):
+        toks = [0] * 4 + [c % 3] * 4 + [c % 2 + 10] * 4 + [c] * 20
+        out.append(chunk_keys(toks, 4, b"runs"))
+    return out
+
+
+def state(idx: SlotIndex) -> Any:
+    entries = {
+        k: (e.slot, e.parent, e.state, e.pins, e.done, e.doomed, list(e.children), e.pos)
+        for k, e in idx._entries.items()
+    }
+    runs = {k: e.run.keys for k, e in idx._entries.items()}
+    return entries, runs, idx._free, list(idx.policy.candidates()), idx.evictions
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["store", "begin", "end", "fail_end", "pin", "unpin", "touch", "drop"]),
+        st.integers(0, 5),
+        st.integers(1, 8),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops, st.integers(1, 14), st.sampled_from(EVICTION_POLICIES))
+def test_run_paths_match_the_per_key_reference(sequence, capacity, policy):
+    fast = SlotIndex(capacity, make_eviction_policy(policy, capacity))
+    ref = PerKeyIndex(capacity, make_eviction_policy(policy, capacity))
+    all_chains = chains()
+    in_flight: list[list[Key]] = []
+    pinned: list[Key] = []
+    for op, ci, n in sequence:
+        keys = all_chains[ci]
+        got: list[list[Any]] = [[], []]
+        for idx, out in ((fast, got[0]), (ref, got[1])):
+            if op in ("store", "begin"):
+                present = idx.prefix_len(keys, any_state=True)
+                todo = keys[present : present + n]
+                slots = idx.reserve(todo, keys[present - 1] if present else None)
+                out.append(slots)
+                if op == "store":
+                    out.append(idx.commit(todo[: len(slots)], [True] * len(slots)))
+            elif op in ("end", "fail_end") and in_flight:
+                job = in_flight[ci % len(in_flight)]
+                ok = [op == "end" or i < n // 2 for i in range(len(job))]
+                out.append(idx.commit(job, ok))
+            elif op == "pin":
+                m = idx.prefix_len(keys[:n])
+                if m:
+                    idx.pin([keys[m - 1]])
+            elif op == "unpin" and pinned:
+                idx.unpin([pinned[-1]])
+            elif op == "touch":
+                idx.touch(keys[: idx.prefix_len(keys)])
+            elif op == "drop":
+                out.append(idx.invalidate(keys[min(n, len(keys) - 1)]))
+        if op == "begin" and got[0][0]:
+            present = fast.prefix_len(keys, any_state=True) - len(got[0][0])
+            in_flight.append(keys[present : present + len(got[0][0])])
+        elif op in ("end", "fail_end") and in_flight:
+            in_flight.pop(ci % len(in_flight))
+        elif op == "pin" and fast.prefix_len(keys[:n]):
+            pinned.append(keys[fast.prefix_len(keys[:n]) - 1])
+        elif op == "unpin" and pinned:
+            pinned.pop()
+        assert got[0] == got[1], op
+        assert state(fast) == state(ref), op
+        fast.check()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "touch", "observe", "remove"]),
+            st.integers(0, 5),
+            st.integers(1, 8),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from(["lru", "chain-arc"]),
+)
+def test_policy_chain_passes_match_key_by_key(sequence, name):
+    """LRU's ``insert_chain`` and chain-ARC's ``touch_many`` (C-level passes) leave the
+    order a key at a time leaves."""
+    cls = LRUPolicy if name == "lru" else ChainARCPolicy
+    fast, ref = cls(8), cls(8)
+    all_chains = chains()
+    held: set[Key] = set()
+    for op, ci, n in sequence:
+        keys = all_chains[ci][:n]
+        if op == "insert":
+            new = [k for k in keys if k not in held][:3]
+            if not new:
+                continue
+            fast.insert_chain(new, None)
+            if name == "lru":
+                for k in reversed(new):
+                    ref.insert(k)
+            else:
+                ref.insert_chain(new, None)
+            held.update(new)
+        elif op == "touch":
+            mine = [k for k in keys if k in held]
+            fast.touch_many(reversed(mine))
+            for k in reversed(mine):
+                ref.touch(k)
+        elif op == "observe":
+            mine = [k for k in keys if k in held]
+            fast.observe(mine, len(mine))
+            ref.observe(mine, len(mine))
+        elif op == "remove" and held:
+            k = sorted(held)[ci % len(held)]
+            held.discard(k)
+            fast.remove(k, evicted=True)
+            ref.remove(k, evicted=True)
+        if name == "chain-arc" and op == "touch" and isinstance(fast, ChainARCPolicy):
+            assert isinstance(ref, ChainARCPolicy)
+            fast.defer([k for k in keys if k in fast.t1][:1])
+            ref.defer([k for k in keys if k in ref.t1][:1])
+        assert list(fast.candidates()) == list(ref.candidates())
