@@ -22,7 +22,8 @@ from kvtier.keys import Key, chunk_keys
 from kvtier.policies import make_eviction_policy
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import LRUPolicy
-from kvtier.tiers.index import SlotIndex, _Entry, commit_each, evict_leaves
+from kvtier.tiers.index import SlotIndex, commit_each, evict_leaves
+from kvtier.tiers.index_entry import IndexEntry
 from kvtier.tiers.runs import run_after
 
 
@@ -48,7 +49,7 @@ class PerKeyIndex(SlotIndex):
         run.keys += keys[:n]
         run.slots += slots
         for key, slot in zip(keys[:n], slots, strict=True):
-            self._entries[key] = _Entry(slot, prev, run, pos)
+            self._entries[key] = IndexEntry(slot, prev, run, pos)
             self._slots[key] = slot
             if prev is not None:
                 self._entries[prev].children.append(key)

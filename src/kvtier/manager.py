@@ -27,12 +27,13 @@ from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.defaults import admission_policy
 from kvtier.sources import HitSource, hit_sources
-from kvtier.stack.arrivals import Arrivals, demote_entry
+from kvtier.stack.arrivals import Arrivals
 from kvtier.stack.job_table import JobEntry, JobTable
 from kvtier.stack.loads import LoadPlanner
 from kvtier.stack.movement import Movement
 from kvtier.stack.requests import Hit, RequestState
 from kvtier.stack.stack import StackTier, TierStack
+from kvtier.stack.store_plan import StoreContext, plan_store
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,9 @@ class CacheManager:
         self.defer_on_inflight_loads = defer_on_inflight_loads
         self.jobs = JobTable(num_workers)
         self.movement = Movement(stack, self.jobs, self.metrics)
+        self._store_ctx = StoreContext(
+            stack, self.movement, self.jobs, self.chunk_tokens, self.blocks_per_chunk
+        )
         self.loads = LoadPlanner(
             config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
         )
@@ -276,50 +280,18 @@ class CacheManager:
     def _plan_store(
         self, req_id: str, tokens: Sequence[int], limit: int, block_ids: Sequence[int]
     ) -> list[TransferJob]:
-        """The store of the request's newly complete chunks into its entry tier, preceded
-        by the demotions of the chunks that evicts; [] when there is none."""
+        """:func:`kvtier.stack.store_plan.plan_store` for the request (known or not)."""
         req = self._reqs.get(req_id) or self._request(req_id)
-        if req.unkeyable or req.hints.tier_hint == "skip":
-            return []
-        c, bpc = self.chunk_tokens, self.blocks_per_chunk
-        n_full = min(limit // c, len(block_ids) // bpc)
-        if n_full <= 0:
-            return []
-        chain = req.chain
-        if len(chain.keys) < n_full:
-            chain.update(tokens, n_full * c)
-        t = req.entry if req.hints.tier_hint != "demote" else demote_entry(self.stack, req.entry)
-        tier = self.stack[t]
-        # Only this step's new chunks are copied out: a 128k-token prefill stores over
-        # many steps, and each step's work stays O(its chunks), not O(the chain).
-        present = tier.index.stored_len(chain.keys, n_full)
-        if present >= n_full:
-            return []
-        keys = chain.keys
-        todo = keys[present:n_full]
-        todo = todo[: self.admission.admit_run(todo)]
-        if len(self.stack) == 1:  # a next tier takes what this one stores: store it all
-            todo = todo[: tier.index.policy.admit_chain(todo)]  # type: ignore[attr-defined]
-        parent = keys[present - 1] if present else None
-        slots, demotions = self.movement.reserve(t, todo, parent, req_id)
-        if not slots:
-            return demotions
-        todo = todo[: len(slots)]
-        self.on_store_planned(req_id, present, todo)
-        store = TransferJob(
-            0,
+        return plan_store(
             req_id,
-            "store",
-            tier.name,
-            False,
-            todo,
-            slots,
-            list(block_ids[present * bpc : (present + len(slots)) * bpc]),
-            parents=[parent, *todo[:-1]],
-            after=self.movement.after(t, slots),
+            req,
+            tokens,
+            limit,
+            block_ids,
+            self._store_ctx,
+            self.admission,
+            self.on_store_planned,
         )
-        req.jobs.add(self.jobs.add(store))
-        return [*demotions, store]
 
     def request_finished(
         self, req_id: str, tokens: Sequence[int], num_computed: int, block_ids: Sequence[int]

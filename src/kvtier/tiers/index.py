@@ -28,44 +28,9 @@ from typing import cast
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
 from kvtier.tiers.base import IndexListener
-from kvtier.tiers.runs import Run, run_after, run_slots
-
-STORING = 0
-READY = 1
-
-
-class _Entry:
-    """One key's place in the index. A plain class with ``__slots__`` (not a dataclass): a
-    reservation builds one per chunk through ``map``, 8,192 for a 128k-token store."""
-
-    __slots__ = ("children", "done", "doomed", "parent", "pins", "pos", "run", "slot", "state")
-
-    def __init__(
-        self,
-        slot: int,
-        parent: Key | None,
-        run: Run,
-        pos: int,
-        children: list[Key] | None = None,
-        state: int = STORING,
-    ) -> None:
-        self.slot = slot
-        self.parent = parent
-        self.run = run
-        self.pos = pos
-        """Position in ``run``."""
-        self.state = state
-        self.pins = 0
-        self.done = False
-        """Store finished but the parent is not READY yet."""
-        self.doomed = False
-        """Invalidated while pinned: removed at the last unpin."""
-        self.children: list[Key] = [] if children is None else children
-
-
-def _writing(e: _Entry) -> bool:
-    """A store into the entry's slot may still be running."""
-    return e.state == STORING and not e.done
+from kvtier.tiers.index_entry import READY, STORING, IndexEntry, writing
+from kvtier.tiers.index_restore import check_index, restore_entries
+from kvtier.tiers.runs import run_after, run_slots
 
 
 class RecencyMemo:
@@ -117,7 +82,7 @@ class SlotIndex:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
         self.num_slots = num_slots
         self.policy = policy
-        self._entries: dict[Key, _Entry] = {}
+        self._entries: dict[Key, IndexEntry] = {}
         self._slots: dict[Key, int] = {}
         """Slot of every entry, apart from the entries: a hit's slots are read for every
         chunk of it, and a dict of ints answers them in one C-level pass (8,192 slots of a
@@ -145,8 +110,7 @@ class SlotIndex:
         return len(self._free)
 
     def is_ready(self, key: Key) -> bool:
-        e = self._entries.get(key)
-        return e is not None and e.state == READY and not e.doomed
+        return (e := self._entries.get(key)) is not None and e.state == READY and not e.doomed
 
     def has(self, key: Key) -> bool:
         """Present in any state (being stored or ready)."""
@@ -244,7 +208,7 @@ class SlotIndex:
         # One pass in C per field: each key's parent is the key before it, its one child
         # the key after it (the last has none yet).
         children = [*map(list, zip(keys[1:])), []]
-        new = map(_Entry, slots, [parent, *keys[:-1]], repeat(run, n), count(pos), children)
+        new = map(IndexEntry, slots, [parent, *keys[:-1]], repeat(run, n), count(pos), children)
         entries.update(zip(keys, new, strict=True))
         self._slots.update(zip(keys, slots, strict=True))
         if parent is not None and n:
@@ -281,8 +245,7 @@ class SlotIndex:
         return commit_chain(self, keys, ok)
 
     def restore(self, entries: Iterable[tuple[Key, int, Key | None]]) -> int:
-        """Re-admit READY chunks at known slots into an empty index (a tier's restart);
-        see :func:`restore_entries`."""
+        """:func:`~kvtier.tiers.index_restore.restore_entries` (a tier's restart)."""
         return restore_entries(self, entries)
 
     # -- loads -----------------------------------------------------------------------------
@@ -371,7 +334,7 @@ class SlotIndex:
         # Leaves first so every parent is still there when its child detaches.
         for k in reversed(order):
             e = self._entries[k]
-            busy = e.pins > 0 or _writing(e)
+            busy = e.pins > 0 or writing(e)
             if busy or e.children:
                 # A busy node, or one a busy descendant keeps (as doomed): hidden now,
                 # removed when that copy ends.
@@ -397,7 +360,7 @@ class SlotIndex:
                 p.children.remove(key)
                 if not p.children:
                     self.policy.on_leaf(e.parent)
-                if p.doomed and not p.children and p.pins == 0 and not _writing(p):
+                if p.doomed and not p.children and p.pins == 0 and not writing(p):
                     self._remove(e.parent, evicted=False)
         self.policy.remove(key, evicted=evicted)
         self.recency.changed()
@@ -482,7 +445,7 @@ def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> boo
     found = list(map(entries.get, keys))
     if None in found:
         return False
-    es = cast("list[_Entry]", found)
+    es = cast("list[IndexEntry]", found)
     e0 = es[0]
     run = e0.run.keys
     if run[e0.pos : e0.pos + n] != (keys if isinstance(keys, list) else list(keys)):
@@ -501,7 +464,7 @@ def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> boo
     return True
 
 
-def promote(entries: dict[Key, _Entry], key: Key, rec: list[Key] | None) -> None:
+def promote(entries: dict[Key, IndexEntry], key: Key, rec: list[Key] | None) -> None:
     """Make ``key`` READY, and the descendants whose stores ended while they waited for it,
     depth first (every parent before its children), appending them to ``rec``."""
     stack = [key]
@@ -517,7 +480,7 @@ def promote(entries: dict[Key, _Entry], key: Key, rec: list[Key] | None) -> None
 
 def tell_ready(
     listener: IndexListener,
-    entries: dict[Key, _Entry],
+    entries: dict[Key, IndexEntry],
     keys: Sequence[Key],
     head: int,
     rec: list[Key],
@@ -583,64 +546,6 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
         index.recency.changed()
     index.evictions += len(victims)
     return victims
-
-
-def check_index(index: SlotIndex, entries: dict[Key, _Entry], free: list[int]) -> None:
-    """The invariants of the module docstring, asserted."""
-    used = {e.slot for e in entries.values()}
-    assert len(used) == len(entries), "two keys share a slot"
-    assert used.isdisjoint(free), "a used slot is also free"
-    assert len(used) + len(free) == index.num_slots, "slots leaked"
-    assert len(index.policy) == len(entries), "policy and index disagree"
-    assert index._slots == {k: e.slot for k, e in entries.items()}, "slot map out of step"
-    for key, e in entries.items():
-        if e.parent is not None:
-            p = entries.get(e.parent)
-            assert p is not None, "prefix closure broken: parent missing"
-            assert key in p.children
-            if e.state == READY:
-                assert p.state == READY, "READY child of a non-READY parent"
-        for c in e.children:
-            assert entries[c].parent == key
-        run = e.run
-        assert run.keys[e.pos] == key and run.slots[e.pos] == e.slot, "run out of step"
-        if e.pos > 0:
-            assert e.parent == run.keys[e.pos - 1], "a run is not a path"
-    for run in {id(e.run): e.run for e in entries.values()}.values():
-        assert len(run.keys) == len(run.slots)
-        assert all(k in entries and entries[k].run is run for k in run.keys), "run holds a gone key"
-
-
-def restore_entries(index: SlotIndex, entries: Iterable[tuple[Key, int, Key | None]]) -> int:
-    """Re-admit READY chunks at known slots into an empty index (a tier's restart).
-
-    ``entries``: ``(key, slot, parent)``, parents before children, oldest first; the
-    caller has already checked prefix closure. Keys are inserted into the eviction
-    policy in the given order, so later entries are more recent. Returns the count.
-    """
-    if index._entries:
-        raise ValueError("restore needs an empty index")
-    taken: set[int] = set()
-    for key, slot, parent in entries:
-        if not 0 <= slot < index.num_slots or slot in taken or key in index._entries:
-            raise ValueError(f"restore: bad or repeated slot {slot} / key")
-        if parent is not None and parent not in index._entries:
-            raise ValueError("restore: a parent must come before its children")
-        taken.add(slot)
-        run, pos = run_after(index._entries[parent] if parent is not None else None)
-        run.keys.append(key)
-        run.slots.append(slot)
-        index._entries[key] = _Entry(slot, parent, run, pos, state=READY)
-        index._slots[key] = slot
-        if parent is not None:
-            index._entries[parent].children.append(key)
-        index.policy.insert(key)
-        if index.listener is not None:
-            index.listener.ready_run([key])
-    index.recency.changed()
-    # Lowest free slots first, as on a fresh index.
-    index._free = [s for s in range(index.num_slots - 1, -1, -1) if s not in taken]
-    return len(taken)
 
 
 def store_at_once(index: SlotIndex, keys: Sequence[Key], admission: object = None) -> int:

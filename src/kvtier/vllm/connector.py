@@ -49,6 +49,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
+from kvtier.jobs import StepPlan
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
@@ -283,6 +284,31 @@ def _worker_side(
     return worker
 
 
+def _log_step(
+    manager: CacheManager, plan: StepPlan, scheduled: dict[str, int], preempted: Any
+) -> None:
+    """A step's plan on the timeline (``KVTIER_TIMELINE``) and in debug logs."""
+    if timeline.enabled():
+        timeline.event(
+            "sched.step",
+            step=manager.steps,
+            scheduled=scheduled,
+            loads=[(j.req_id, j.tier, j.sync) for j in plan.loads],
+            stores=len(plan.stores),
+            preempted=sorted(preempted),
+        )
+    if log.isEnabledFor(logging.DEBUG) and not plan.is_empty():
+        log.debug(
+            "kvtier step: loads sync=%d async=%d stores=%d flush=%d budget %d/%d B",
+            sum(j.sync for j in plan.loads),
+            sum(not j.sync for j in plan.loads),
+            len(plan.stores),
+            len(plan.flush),
+            manager.budget.used,
+            manager.budget.limit,
+        )
+
+
 class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
     keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
@@ -425,25 +451,7 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         plan.idle = scheduler_output.total_num_scheduled_tokens == 0
         if self.states is not None:
             plan.states = self.states.step(scheduler_output, self._requests)
-        if timeline.enabled():
-            timeline.event(
-                "sched.step",
-                step=self.manager.steps,
-                scheduled=dict(num_sched),
-                loads=[(j.req_id, j.tier, j.sync) for j in plan.loads],
-                stores=len(plan.stores),
-                preempted=sorted(preempted),
-            )
-        if log.isEnabledFor(logging.DEBUG) and not plan.is_empty():
-            log.debug(
-                "kvtier step: loads sync=%d async=%d stores=%d flush=%d budget %d/%d B",
-                sum(j.sync for j in plan.loads),
-                sum(not j.sync for j in plan.loads),
-                len(plan.stores),
-                len(plan.flush),
-                self.manager.budget.used,
-                self.manager.budget.limit,
-            )
+        _log_step(self.manager, plan, dict(num_sched), preempted)
         return KVTierMetadata(plan)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

@@ -368,41 +368,9 @@ class RemoteClient:
         runs = list(zip(heads, [*heads[1:], n], strict=True))
         # Every name once, suffix by suffix: a run's names are slices of it.
         every = _names(prefix, mids, width, suffixes)
-        owners = c.nodes_manager.slots_cache
-        per_node: dict[str, tuple[Any, list[int]]] = {}
-        nodes: list[Any] = []
-        for r, (lo, _) in enumerate(runs):
-            slot = binascii.crc_hqx(mids[lo * width : lo * width + TAG_CHARS], 0) % CLUSTER_SLOTS
-            held = owners.get(slot)
-            # A slot the cached map lacks: the library's lookup refreshes or raises.
-            node = held[0] if held else c.nodes_manager.get_node_from_slot(slot)
-            nodes.append(node)
-            per_node.setdefault(node.name, (node, []))[1].append(r)
-        counts = [0] * len(runs)
-        held_conns: list[tuple[Any, Any, list[int]]] = []
-        try:
-            for node, mine in per_node.values():
-                pool = c.get_redis_connection(node).connection_pool
-                conn = pool.get_connection()
-                held_conns.append((pool, conn, mine))
-                packed = []
-                for r in mine:
-                    lo, hi = runs[r]
-                    names = [nm for q in range(0, n * ranks, n) for nm in every[q + lo : q + hi]]
-                    packed.append(hiredis.pack_command((b"EXISTS", *names)))  # type: ignore[arg-type]  # stub: 1-tuple
-                conn.send_packed_command(packed)
-            for _, conn, mine in held_conns:
-                for r in mine:
-                    counts[r] = int(conn.read_response())
-        except BaseException as e:
-            for _, conn, _ in held_conns:
-                conn.disconnect()  # replies may be left unread
-            if not isinstance(e, redis.exceptions.ResponseError):
-                raise
+        counts, nodes = _exists_per_run(c, mids, width, runs, every, n * ranks)
+        if counts is None:  # a node answered with an error: let the library route it
             return self._leading_by_exists(every, n)
-        finally:
-            for pool, conn, _ in held_conns:
-                pool.release(conn)
         for r, (lo, hi) in enumerate(runs):
             if counts[r] < (hi - lo) * ranks:
                 return lo + self._eval(
@@ -444,3 +412,55 @@ def _names(prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) ->
         # drops trailing NUL bytes, which no name has (suffixes end in a rank digit).
         names += rows.view(f"S{size}").reshape(n).tolist()
     return names
+
+
+def _exists_per_run(
+    c: Any,
+    mids: bytes,
+    width: int,
+    runs: list[tuple[int, int]],
+    every: list[bytes],
+    total: int,
+) -> tuple[list[int] | None, list[Any]]:
+    """For a cluster client ``c``: each run's count of present names (one multi-key EXISTS
+    per run, pipelined per node on one connection, every node sent to before any reply is
+    read) and each run's node; ``(None, nodes)`` when a node answers with an error (a slot
+    that moved, a cluster still forming). ``every``: all names, suffix by suffix (``total``
+    of them); a run's names are slices of it. Connection errors are raised as they are."""
+    n = len(mids) // width
+    owners = c.nodes_manager.slots_cache
+    per_node: dict[str, tuple[Any, list[int]]] = {}
+    nodes: list[Any] = []
+    for r, (lo, _) in enumerate(runs):
+        slot = binascii.crc_hqx(mids[lo * width : lo * width + TAG_CHARS], 0) % CLUSTER_SLOTS
+        held = owners.get(slot)
+        # A slot the cached map lacks: the library's lookup refreshes or raises.
+        node = held[0] if held else c.nodes_manager.get_node_from_slot(slot)
+        nodes.append(node)
+        per_node.setdefault(node.name, (node, []))[1].append(r)
+    counts = [0] * len(runs)
+    held_conns: list[tuple[Any, Any, list[int]]] = []
+    try:
+        for node, mine in per_node.values():
+            pool = c.get_redis_connection(node).connection_pool
+            conn = pool.get_connection()
+            held_conns.append((pool, conn, mine))
+            packed = []
+            for r in mine:
+                lo, hi = runs[r]
+                names = [nm for q in range(0, total, n) for nm in every[q + lo : q + hi]]
+                packed.append(hiredis.pack_command((b"EXISTS", *names)))  # type: ignore[arg-type]  # stub: 1-tuple
+            conn.send_packed_command(packed)
+        for _, conn, mine in held_conns:
+            for r in mine:
+                counts[r] = int(conn.read_response())
+    except BaseException as e:
+        for _, conn, _ in held_conns:
+            conn.disconnect()  # replies may be left unread
+        if not isinstance(e, redis.exceptions.ResponseError):
+            raise
+        return None, nodes
+    finally:
+        for pool, conn, _ in held_conns:
+            pool.release(conn)
+    return counts, nodes

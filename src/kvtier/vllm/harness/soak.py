@@ -66,7 +66,8 @@ def leaks(llm: Any) -> dict[str, Any]:
     """kvtier's leftovers once the engine is drained (all zero when nothing leaked)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    from kvtier.tiers.index import STORING, SlotIndex
+    from kvtier.tiers.index import SlotIndex
+    from kvtier.tiers.index_entry import STORING
 
     conn = runner._connector(llm)
     runner.drain(llm)
