@@ -145,26 +145,40 @@ def test_sliding_window_with_sinks_and_hma_off_refused_on_cpu_only():
     assert sink_layers(empty) == frozenset()
 
 
-def test_hybrid_recurrent_model_is_read_with_offload_off():
-    """Attention + Mamba groups: kvtier starts (no refusal) but marks the model recurrent,
-    with one ``kvtier:`` line; the Mamba group enters the layout (and its digest) with its
-    state bytes, never the chunk bytes."""
+def test_hybrid_recurrent_model_groups_and_refusals():
+    """Attention + Mamba groups: in vLLM's "align" mode the Mamba group is a state group
+    (served, no ``recurrent`` line); the Mamba group enters the layout (and its digest)
+    with its state bytes, never the chunk bytes. Where the states cannot be served (another
+    cache mode, speculative Mamba blocks, tensor parallel) the model starts with offload
+    off and one ``kvtier:`` line naming why."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     from kvtier.vllm.groups import read_groups
 
     full = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    mamba = MambaSpec(block_size=32, shapes=((4, 8), (8, 16)), dtypes=(torch.float32,) * 2)
-    g = read_groups(_config((full, 1), (mamba, 3)), cpu=True)
-    assert g.num_groups == 2
-    assert g.recurrent.startswith("kvtier: hybrid recurrent-state model (group 1: MambaSpec")
-    assert "offload is off" in g.recurrent and "\n" not in g.recurrent
+    shapes = {"shapes": ((4, 8), (8, 16)), "dtypes": (torch.float32,) * 2}
+    align = MambaSpec(block_size=32, mamba_cache_mode="align", **shapes)
+    g = read_groups(_config((full, 1), (align, 3)), cpu=True)
+    assert (g.num_groups, g.state_groups, g.attention_groups, g.recurrent) == (2, (1,), 1, "")
     kinds = [(x.kind, x.num_layers) for x in g.layout.groups]
     assert kinds == [(AttentionKind.FULL, 1), (AttentionKind.MAMBA, 3)]
     assert g.layout.groups[1].state_bytes == (4 * 8 + 8 * 16) * 4
     assert g.layout.chunk_bytes(32) == read_groups(_config((full, 1))).layout.chunk_bytes(32)
     assert g.layout.digest() != read_groups(_config((full, 1))).layout.digest()
     assert read_groups(_config((full, 1))).recurrent == ""
+    cases = {
+        "Mamba cache mode 'none'": (MambaSpec(block_size=32, **shapes), 1),
+        "speculative Mamba blocks": (
+            MambaSpec(block_size=32, mamba_cache_mode="align", num_speculative_blocks=1, **shapes),
+            1,
+        ),
+        "tensor parallel size 2": (align, 2),
+    }
+    for needle, (spec, world) in cases.items():
+        g = read_groups(_config((full, 1), (spec, 3)), cpu=True, world=world)
+        assert g.recurrent.startswith("kvtier: hybrid recurrent-state model (group 1: MambaSpec")
+        assert needle in g.recurrent and "offload is off" in g.recurrent
+        assert "\n" not in g.recurrent
 
 
 @given(

@@ -10,10 +10,13 @@ no-connector run token for token, and the baseline itself must show that the out
 depend on more than the last tokens (prompts 0 and 1 share their last 16 tokens), or the
 comparison would pass with wrong KV.
 
-Hybrid recurrent-state models (Mamba / linear attention next to attention) start with
-offload off: kvtier must neither claim a hit nor store a chunk for them (a hit would lack
-the recurrent state), every request counts as unkeyable ("recurrent-state"), and the
-outputs must still equal the no-connector run.
+Hybrid recurrent-state models (Mamba / linear attention next to attention): Qwen3-Next
+(prefix caching on, vLLM's Mamba "align" mode) gets its recurrent states stored and its
+round 2 served from kvtier like the rest (tests/test_hybrid.py checks the exact
+boundaries); the Mamba2 hybrids, which run on this backend only with prefix caching off
+(Mamba cache mode "none": no boundary states), start with offload off: kvtier must
+neither claim a hit nor store a chunk for them, every request counts as unkeyable
+("recurrent-state"), and the outputs must still equal the no-connector run.
 
 All engines of a test run in one subprocess (:mod:`kvtier.vllm.harness.model_matrix`), one
 after another: one torch/vLLM import for all. The default run covers Gemma 3 (sliding and
@@ -43,10 +46,10 @@ pytestmark = pytest.mark.vllm
 DEFAULT = ("gemma3", "gpt_oss")
 SLOW = ("llama", "qwen3", "mqa", "mistral_swa")
 HYBRID = ("qwen3_next",)
-"""Hybrid recurrent-state models of the default run: offload off, token-identical. Qwen3-
-Next runs with prefix caching on (vLLM's Mamba "align" mode, the harder case for kvtier);
-the Mamba2 hybrids can run on this backend only with it off and take the same kvtier path
-(any ``MambaSpec`` group), so they are ``slow``."""
+"""Hybrid recurrent-state models of the default run: Qwen3-Next runs with prefix caching
+on (vLLM's Mamba "align" mode): its recurrent states are offloaded and round 2 hits. The
+Mamba2 hybrids can run on this backend only with prefix caching off, where kvtier runs
+with offload off (no boundary states to store), so they are ``slow``."""
 SLOW_HYBRID = ("granite_hybrid", "falcon_h1")
 
 
@@ -200,8 +203,17 @@ def check_served(results: dict[str, Any], arch: str) -> None:
     assert k == b, f"{arch}: kvtier's outputs differ from no connector"
     groups = kv["kvtier"]["kv_groups"]
     assert (groups > 1) == (arch in MULTI_GROUP), (arch, groups)
-    if "mamba" in kv["kvtier"]["layout"]:
+    if arch in SLOW_HYBRID:
         check_offload_off(results, arch)
+        return
+    if arch in HYBRID:
+        # Round 2 resumes every prompt at its one state boundary below its end (96 tokens,
+        # the block size), from kvtier or, for prompt 2 (prompt 0's first 96 tokens),
+        # from what kvtier loaded for prompt 0 into the engine's own cache.
+        round2 = kv["ops"][1]["requests"]
+        assert all(r["num_cached"] == 96 for r in round2), [r["num_cached"] for r in round2]
+        hits = [sum(r["hit_sources"].values()) for r in round2]
+        assert hits[0] == hits[1] == hits[3] == 96, hits
         return
     for r in kv["ops"][1]["requests"]:  # round 2: every prompt came back from kvtier
         assert sum(r["hit_sources"].values()) >= 64, (arch, r["id"], r["hit_sources"])
@@ -209,9 +221,10 @@ def check_served(results: dict[str, Any], arch: str) -> None:
 
 
 def check_offload_off(results: dict[str, Any], arch: str) -> None:
-    """A hybrid recurrent-state model: kvtier started, claimed no hit and stored nothing
-    (a hit would lack the recurrent state), counted every request as unkeyable, and said
-    so in one ``kvtier:`` line."""
+    """A hybrid recurrent-state model with prefix caching off (Mamba cache mode "none"):
+    kvtier started, claimed no hit and stored nothing (there is no boundary state to
+    store, and a hit would lack it), counted every request as unkeyable, and said so in
+    one ``kvtier:`` line."""
     kv = results[f"{arch}/kvtier"]["kvtier"]
     assert kv["layout"].count("mamba") == 1 and "full" in kv["layout"], kv["layout"]
     for op in results[f"{arch}/kvtier"]["ops"]:
@@ -244,7 +257,7 @@ def test_token_identical_with_hits(default_matrix, arch):
 
 
 @pytest.mark.parametrize("arch", HYBRID)
-def test_hybrid_recurrent_starts_offload_off_token_identical(default_matrix, arch):
+def test_hybrid_recurrent_states_hit_token_identical(default_matrix, arch):
     check_served(default_matrix, arch)
 
 

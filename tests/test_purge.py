@@ -255,6 +255,22 @@ def test_a_tenant_alone_is_purged_from_a_remote_store(server, tmp_path):  # noqa
     raw.close()
 
 
+def test_purge_disk_covers_hybrid_states(tmp_path, capsys):
+    """A hybrid model's disk tier keeps its recurrent states in ``states/`` (own slab
+    files, same namespaces): a purge of one tenant removes its states there too."""
+    root = tmp_path / "disk"
+    for sub in (root, root / "states"):
+        for ns in (A, B):
+            keys = _keys(ns)
+            for r in range(WORLD):
+                with DiskSlab(sub / f"tp2-rank{r}", 2 * N, SLOT, ns.for_rank(r).digest(), 1) as s:
+                    assert all(s.write(_slots(ns), keys, _segs(_data(ns, r)), [None] * N))
+    assert main(["purge", "--disk", str(root), *A_ARGS, "--namespace", "tenant-1"]) == 0
+    for sub in (root, root / "states"):
+        assert not any(_disk_reads(sub, A)), sub
+        assert all(_disk_reads(sub, B)), sub
+
+
 def test_purge_reaches_a_mutual_tls_server_with_an_acl_user_and_a_password_file(tmp_path):
     """Issue 45, finding 4: the recommended deployment (docs/security.md section 3: TLS with
     a private CA and client certificates, the kvtier ACL user, the password in a 0600 file)

@@ -30,7 +30,7 @@ from kvtier.policies.registry import DEFAULT_EVICTION, eviction_names
 from kvtier.stack.parse import parse_tiers, resolved
 from kvtier.stack.registry import tier_kind
 from kvtier.stack.spec import TierSpec
-from kvtier.tiers.fault_plan import parse_faults
+from kvtier.tiers.fault_plan import FaultPlan, parse_faults
 from kvtier.units import parse_size
 
 WritePolicy = Literal["write-through", "write-back"]
@@ -227,8 +227,16 @@ class KVTierConfig:
     "read_fail_rate": 0.2} or {"fail_all_reads": true}, with the keys of a tier's
     ``faults`` (seed, read_fail_rate, write_fail_rate, fail_all_reads, fail_all_writes,
     slow_rate, slow_seconds, slow_region, rows); "disk": a mapping of the same keys for
-    the tier named "disk". Shorthand for ``faults`` on those tiers (not both). None
-    (default) injects nothing."""
+    the tier named "disk"; "states": for the first tier of recurrent states (hybrid
+    models). Shorthand for ``faults`` on those tiers (not both). None (default) injects
+    nothing."""
+
+    state_share: float = 0.25
+    """Hybrid recurrent-state models only: the fraction (0 < x < 1) of every tier's
+    capacity that holds recurrent states, in slots of one state each (a state of all
+    recurrent layers is tens of MB on real models, an attention chunk a few: one slot
+    size for both would waste most of the tier); the rest holds attention chunks. Dense
+    models ignore it."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> KVTierConfig:
@@ -313,7 +321,7 @@ def flat_tier_specs(config: KVTierConfig) -> tuple[TierSpec, ...]:
 
 def _with_faults(specs: tuple[TierSpec, ...], faults: Mapping[str, Any]) -> tuple[TierSpec, ...]:
     """``fault_injection`` as the ``faults`` of the first tier and of the tier "disk"."""
-    top = {k: v for k, v in faults.items() if k != "disk"}
+    top = {k: v for k, v in faults.items() if k not in ("disk", "states")}
     out = list(specs)
     if top:
         out[0] = dataclasses.replace(out[0], faults=parse_faults(top, "fault_injection"))
@@ -322,6 +330,18 @@ def _with_faults(specs: tuple[TierSpec, ...], faults: Mapping[str, Any]) -> tupl
             plan = parse_faults(faults["disk"], "fault_injection.disk")
             out[i] = dataclasses.replace(spec, faults=plan)
     return tuple(out)
+
+
+def _fraction(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(f"{name}: expected a number between 0 and 1 (exclusive), got {value!r}")
+    return float(value)
+
+
+def state_faults(config: KVTierConfig) -> FaultPlan | None:
+    """The fault plan of the first state tier (``fault_injection``'s "states")."""
+    plan = (config.fault_injection or {}).get("states")
+    return parse_faults(plan, "fault_injection.states") if plan else None
 
 
 def _tiers(value: object, name: str) -> tuple[TierSpec, ...]:
@@ -349,20 +369,21 @@ def _flat(flat_key: str) -> Any:
 
 
 def _faults(value: object, name: str) -> dict[str, Any] | None:
-    """``fault_injection``: a fault plan's keys, plus "disk" (another plan's)."""
+    """``fault_injection``: a fault plan's keys, plus "disk" and "states" (other plans')."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise ConfigError(f"{name}: expected a mapping or null, got {value!r}")
-    top = {k: v for k, v in value.items() if k != "disk"}
+    top = {k: v for k, v in value.items() if k not in ("disk", "states")}
     plan = parse_faults(top, name)
     out: dict[str, Any] = {k: getattr(plan, k) for k in top}
-    if "disk" in value:
-        disk = value["disk"]
-        if not isinstance(disk, Mapping):
-            raise ConfigError(f"{name}.disk: expected a mapping, got {disk!r}")
-        plan = parse_faults(disk, f"{name}.disk")
-        out["disk"] = {k: getattr(plan, k) for k in disk}
+    for sub in ("disk", "states"):
+        if sub in value:
+            part = value[sub]
+            if not isinstance(part, Mapping):
+                raise ConfigError(f"{name}.{sub}: expected a mapping, got {part!r}")
+            plan = parse_faults(part, f"{name}.{sub}")
+            out[sub] = {k: getattr(plan, k) for k in part}
     return out
 
 
@@ -391,4 +412,5 @@ _PARSERS: dict[str, Any] = {
     "retain_max_s": duration,
     "tiers": _tiers,
     "fault_injection": _faults,
+    "state_share": lambda v, n: _fraction(v, n),
 }

@@ -12,6 +12,11 @@ from typing import Literal
 
 JobKind = Literal["load", "store", "copy"]
 
+MISSING = -2
+"""The slot of a load whose chunk left its tier between the lookup and the job (a
+recurrent state evicted by a store of the same step): the worker fails it, and the
+request recomputes."""
+
 
 @dataclass(slots=True)
 class TransferJob:
@@ -109,9 +114,12 @@ class StepPlan:
     """The engine computes nothing this step (only async loads are waited for): the
     workers may block for this step's async loads, so they are reported in this step
     rather than after another round trip (see ``WorkerSide.transfer_results``)."""
+    states: StepPlan | None = None
+    """Hybrid models: the recurrent states' jobs of the step (their own job ids and
+    slots, :mod:`kvtier.stack.states`)."""
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.stores or self.flush or self.release)
+        return not (self.loads or self.stores or self.flush or self.release or self.states)
 
 
 @dataclass(slots=True)
@@ -126,6 +134,8 @@ class WorkerReport:
     counters: dict[str, dict[str, float]] = field(default_factory=dict)
     """Stores' own counts since the last report: ``{tier: {metric name: amount}}``
     (metrics labelled by tier alone, e.g. ``remote_auth_failures``)."""
+    states: WorkerReport | None = None
+    """Hybrid models: the recurrent states' job results."""
 
     def merge(self, other: WorkerReport) -> WorkerReport:
         """Reports of several workers for one step (the scheduler counts per-job answers;
@@ -142,4 +152,7 @@ class WorkerReport:
             if (self.load_bandwidth > 0 or other.load_bandwidth > 0)
             else 0.0,
             counters,
+            self.states.merge(other.states)
+            if self.states is not None and other.states is not None
+            else self.states or other.states,
         )

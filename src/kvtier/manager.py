@@ -375,10 +375,23 @@ def knows(manager: CacheManager, req_id: str) -> bool:
     return req_id in manager._reqs
 
 
-def chain_keys(manager: CacheManager, req_id: str) -> Sequence[Key]:
-    """The request's chunk keys computed so far (empty for a request it does not know)."""
+def chain_keys(manager: CacheManager, req_id: str, tokens: Sequence[int] = ()) -> Sequence[Key]:
+    """The request's chunk keys computed so far, first extended over ``tokens`` (its
+    tokens from the start); empty for a request it does not know."""
     req = manager._reqs.get(req_id)
-    return req.chain.keys if req is not None else ()
+    if req is None:
+        return ()
+    if tokens and not req.unkeyable:
+        req.chain.update(tokens)
+    return req.chain.keys
+
+
+def set_hit(manager: CacheManager, req_id: str, hit: Hit) -> None:
+    """Replace the hit the request's last lookup found with a part of it (recurrent
+    states: the prefix whose state is present, :mod:`kvtier.stack.states`)."""
+    req = manager._reqs.get(req_id)
+    if req is not None:
+        req.hit = hit if hit.tokens > 0 else None
 
 
 def on_new_request(

@@ -10,6 +10,7 @@ the fault wrapper here (:mod:`kvtier.tiers.faulty`): no kind has fault code of i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvtier.errors import ConfigError, TierError
@@ -69,16 +70,22 @@ def stack_tier(spec: TierSpec, ctx: TierContext) -> StackTier:
     return StackTier(spec.label, source, make_index(spec, ctx), spec, caps)
 
 
-def build_stack(config: KVTierConfig, ctx: TierContext) -> TierStack:
-    """The scheduler side: every tier's index, in stack order."""
-    return TierStack([stack_tier(spec, ctx) for spec in config.tier_specs()])
+def build_stack(
+    config: KVTierConfig, ctx: TierContext, specs: Sequence[TierSpec] | None = None
+) -> TierStack:
+    """The scheduler side: every tier's index, in stack order (``specs``: these instead
+    of the config's, e.g. the recurrent states' share of them)."""
+    specs = config.tier_specs() if specs is None else specs
+    return TierStack([stack_tier(spec, ctx) for spec in specs])
 
 
-def build_stores(config: KVTierConfig, ctx: TierContext) -> dict[str, SlotStore]:
+def build_stores(
+    config: KVTierConfig, ctx: TierContext, specs: Sequence[TierSpec] | None = None
+) -> dict[str, SlotStore]:
     """One worker's side: every tier's store by tier name, in stack order."""
     stores: dict[str, SlotStore] = {}
     try:
-        for spec in config.tier_specs():
+        for spec in config.tier_specs() if specs is None else specs:
             stores[spec.label] = make_store(spec, ctx)
     except BaseException:
         for store in stores.values():

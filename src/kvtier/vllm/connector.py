@@ -65,6 +65,7 @@ from kvtier.transfer.regions import KVRegions
 from kvtier.vllm.arrivals import ArrivalHooks
 from kvtier.vllm.events import ConnectorEvents, events_enabled
 from kvtier.vllm.groups import RECURRENT, UnsupportedLayout, read_groups, sink_layers
+from kvtier.vllm.hybrid import HybridScheduler, HybridWorkerSide, attention_ids, state_setup
 from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
@@ -112,11 +113,16 @@ class _Setup:
         assert vllm_config.kv_transfer_config is not None
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.config = KVTierConfig.from_dict(extra)
-        self.groups = read_groups(kv_cache_config, cpu=_on_cpu(), sinks=sink_layers(vllm_config))
+        par = vllm_config.parallel_config
+        self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
+        self.groups = read_groups(
+            kv_cache_config, cpu=_on_cpu(), sinks=sink_layers(vllm_config), world=self.world_size
+        )
         self.layout = self.groups.layout
-        self.codec = BlockIdCodec(self.groups.num_groups, kv_cache_config.num_blocks)
-        """Per-group block ids <-> the one id per position the manager and jobs carry."""
-        self.grouped = self.groups.num_groups > 1 or self.groups.frees_blocks
+        self.codec = BlockIdCodec(self.groups.attention_groups, kv_cache_config.num_blocks)
+        """Per-group block ids <-> the one id per position the manager and jobs carry
+        (attention groups only: states go their own path)."""
+        self.grouped = self.groups.attention_groups > 1 or self.groups.frees_blocks
         self.request_failures = self.groups.num_groups > 1
         """Failed loads are reported per request (``failed_recving``: vLLM recomputes it
         from scratch), not per block: with several KV-cache groups a block id does not name
@@ -127,9 +133,7 @@ class _Setup:
         self.chunk_tokens = resolve_chunk_tokens(self.config, self.block_tokens)
         self.blocks_per_chunk = self.chunk_tokens // self.block_tokens
         self.chunk_bytes = self.layout.chunk_bytes(self.chunk_tokens)
-        par = vllm_config.parallel_config
         model = vllm_config.model_config
-        self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
         self.namespace = Namespace(
             model=f"{model.model}@{model.revision or ''}",
             layout_digest=self.layout.digest(),
@@ -137,14 +141,21 @@ class _Setup:
             extra=self.config.namespace,
             secret=read_key_secret(self.config),
         )
+        self.specs, self.states = state_setup(self, kv_cache_config)
+        """The attention chunks' tier specs; the recurrent states' setup (hybrid models
+        kvtier serves; None for the others)."""
 
     def key_inputs(self, request: Request) -> KeyInputs:
         """The request's key inputs; unkeyable (never a hit nor a store) for every request
-        of a hybrid recurrent-state model, whose hits would lack the state."""
+        of a hybrid recurrent-state model whose states kvtier cannot serve."""
         inputs = key_inputs(request)
         if self.groups.recurrent and not inputs.unkeyable:
             return dataclasses.replace(inputs, unkeyable=RECURRENT)
         return inputs
+
+    def attention(self, per_group: Any) -> Any:
+        """The attention groups' block lists of vLLM's per-group lists."""
+        return attention_ids(per_group, self.groups.state_groups)
 
     def context(
         self, rank: int = 0, row_bytes: tuple[int, ...] = (), chunk_bytes: int = 0
@@ -169,6 +180,8 @@ class _Setup:
 def _log_start(s: _Setup, stack: TierStack) -> None:
     if s.groups.recurrent:
         log.warning("%s", s.groups.recurrent)
+    elif s.states is not None:
+        log.info("%s", s.states.log_line())
     log.info(
         "kvtier: namespace %s; `kvtier purge %s` selects its chunks",
         s.namespace.chain_digest().hex(),
@@ -195,7 +208,8 @@ def _regions(
         KVRegions.from_tensors(
             {n: kv_caches[n] for n in g.layer_names if n in kv_caches}, kvc.num_blocks, dims
         )
-        for g in kvc.kv_cache_groups
+        for i, g in enumerate(kvc.kv_cache_groups)
+        if i not in s.groups.state_groups
     ]
     return GroupedRegions(per_group, s.codec)
 
@@ -230,6 +244,46 @@ def _layer_order(regions: KVRegions | GroupedRegions) -> list[tuple[list[str], l
     return [(n, list(r)) for r, n in out.items()]
 
 
+def _worker_side(
+    s: _Setup, vllm_config: VllmConfig, kvc: KVCacheConfig, kv_caches: dict[str, torch.Tensor]
+) -> WorkerSide:
+    """A worker's side over the engine's KV tensors (the recurrent states' too, on a
+    hybrid model): copy regions, the tiers' stores, the transfer engine."""
+    mover = None
+    if s.states is not None:
+        mover = HybridWorkerSide.mover_for(s.states, kvc, kv_caches, _tp_rank())
+        names = {n for i in s.groups.state_groups for n in kvc.kv_cache_groups[i].layer_names}
+        kv_caches = {n: t for n, t in kv_caches.items() if n not in names}
+    dims = require_dims(declared_block_dims(vllm_config, kvc, kv_caches))
+    regions = _regions(s, kvc, kv_caches, dims)
+    slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
+    if slot_bytes != s.chunk_bytes:
+        log.warning(
+            "kvtier: engine chunk is %d bytes, geometry says %d; using the engine's",
+            slot_bytes,
+            s.chunk_bytes,
+        )
+    ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
+    stores = build_stores(s.config, ctx, s.specs)  # fault wrappers included, if configured
+    timeline.event("worker.register", phase="stores")
+    engine = TransferEngine(regions, stores, s.blocks_per_chunk)
+    layers = _layer_order(regions) if _layer_loads(s.config.layer_loads, regions) else []
+    worker = (
+        WorkerSide(engine, layers=layers)
+        if mover is None
+        else HybridWorkerSide(engine, mover, layers=layers)
+    )
+    timeline.event("worker.register", phase="ready", load_bandwidth=engine.load_bandwidth)
+    log.info(
+        "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s, sync loads %s",
+        len(regions.regions),
+        slot_bytes,
+        (engine.load_bandwidth or 0) / 1e9,
+        f"layer by layer ({len(layers)} layers)" if layers else "before the forward",
+    )
+    return worker
+
+
 def _log_step(
     manager: CacheManager, plan: StepPlan, scheduled: dict[str, int], preempted: Any
 ) -> None:
@@ -258,8 +312,8 @@ def _log_step(
 class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
     keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
-    block ids, :mod:`kvtier.transfer.groups`), refuses the layout at start, or (hybrid
-    recurrent-state models) runs with offload off (:mod:`kvtier.vllm.groups`)."""
+    block ids, :mod:`kvtier.transfer.groups`; recurrent states: :mod:`kvtier.vllm.hybrid`),
+    refuses the layout at start, or runs with offload off (:mod:`kvtier.vllm.groups`)."""
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -272,6 +326,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
             raise
         self.manager: CacheManager | None = None
         self.worker: WorkerSide | None = None
+        self.states: HybridScheduler | None = None
+        """Scheduler side of recurrent states (hybrid models kvtier serves)."""
         self.events: ConnectorEvents | None = None
         """Tier events for KV-aware routers; only while the engine publishes KV events."""
         self._requests: dict[str, Request] = {}
@@ -282,7 +338,7 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         """Everything reported since start (the interval metrics go to vLLM's stats)."""
         if role == KVConnectorRole.SCHEDULER:
             s = self.setup
-            stack = build_stack(s.config, s.context())
+            stack = build_stack(s.config, s.context(), s.specs)
             self.manager = CacheManager(
                 s.config,
                 s.layout,
@@ -293,6 +349,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
                 defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
                 sync_loads=not s.request_failures,
             )
+            if s.states is not None:  # linked to the tiers after the events' listeners
+                self.states = HybridScheduler(s.states, self.manager, stack)
             if events_enabled(vllm_config):
                 self.events = ConnectorEvents(
                     self.manager,
@@ -301,6 +359,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
                     s.block_tokens,
                     remote=s.config.events_remote,
                 )
+            if self.states is not None:
+                self.states.link()
             kvt = self._kv_transfer_config
             if kvt.kv_load_failure_policy != "recompute":
                 # A tier miss or failed copy must mean "recompute", never a failed request.
@@ -327,6 +387,10 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         )
         if hit is None:
             return None, False
+        if self.states is not None:
+            hit = self.states.trim(request.request_id, hit, request.num_tokens)
+            if hit is None:
+                return None, False
         if self.events is not None:
             self.events.looked_up(request)
         n, is_async = self.manager.plan_load(request.request_id, hit, request.num_tokens)
@@ -342,8 +406,11 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         self._requests[req_id] = request
         is_async = self._planned_async.pop(req_id, False)
         if num_external_tokens > 0:
-            block_ids = self.setup.codec.encode(blocks.get_block_ids())
+            per_group = blocks.get_block_ids()
+            block_ids = self.setup.codec.encode(self.setup.attention(per_group))
             self.manager.on_allocated(req_id, block_ids, num_external_tokens, sync=not is_async)
+            if self.states is not None:
+                self.states.cache.allocated(req_id, per_group, num_external_tokens)
 
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
@@ -367,7 +434,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
             limit = min(request.num_computed_tokens + n, request.num_prompt_tokens)
             if not self.manager.store_due(req_id, limit):
                 continue
-            block_ids = self.setup.codec.encode(self._kv_cache_manager.get_block_ids(req_id))
+            per_group = self._kv_cache_manager.get_block_ids(req_id)
+            block_ids = self.setup.codec.encode(self.setup.attention(per_group))
             scheduled.append(
                 ScheduledRequest(
                     req_id,
@@ -381,6 +449,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         self.preemptions += len(preempted)
         plan = self.manager.build_step(scheduled, preempted, batch=batch)
         plan.idle = scheduler_output.total_num_scheduled_tokens == 0
+        if self.states is not None:
+            plan.states = self.states.step(scheduler_output, self._requests)
         _log_step(self.manager, plan, dict(num_sched), preempted)
         return KVTierMetadata(plan)
 
@@ -391,6 +461,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
             timeline.event("sched.output", recving=sorted(connector_output.finished_recving or ()))
         if isinstance(meta, KVTierWorkerMetadata):
             self.manager.on_report(meta.report)
+            if self.states is not None:
+                self.states.on_report(meta.report)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -401,8 +473,10 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         assert self.manager is not None
-        ids = self.setup.codec.encode(block_ids)
+        ids = self.setup.codec.encode(self.setup.attention(block_ids))
         req_id = request.request_id
+        if self.states is not None:
+            self.states.cache.forget(req_id)
         self._planned_async.pop(req_id, None)
         delay = self.manager.request_finished(
             req_id, request.all_token_ids, request.num_computed_tokens, ids
@@ -417,6 +491,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         # the scheduler (and the chunks become hits) even when no request is running.
         if self.events is not None and self.events.pending():
             return True  # events left over by a bounded take: publish them on later steps
+        if self.states is not None and self.states.pending():
+            return True
         return self.manager is not None and self.manager.has_pending_jobs()
 
     def take_events(self) -> Iterable[KVCacheEvent]:
@@ -424,6 +500,8 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         return self.events.take() if self.events is not None else ()
 
     def reset_cache(self) -> bool | None:
+        if self.states is not None:
+            self.states.cache.cache.reset()
         return self.manager.reset() if self.manager is not None else None
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
@@ -453,33 +531,9 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         timeline.event("worker.register", phase="start")
-        s = self.setup
-        if s.groups.recurrent:
+        if self.setup.groups.recurrent:
             return  # offload off (the scheduler logged why): no regions, no tier memory
-        kvc = self._kv_cache_config
-        dims = require_dims(declared_block_dims(self._vllm_config, kvc, kv_caches))
-        regions = _regions(s, kvc, kv_caches, dims)
-        slot_bytes = regions.chunk_bytes(s.blocks_per_chunk)
-        if slot_bytes != s.chunk_bytes:
-            log.warning(
-                "kvtier: engine chunk is %d bytes, geometry says %d; using the engine's",
-                slot_bytes,
-                s.chunk_bytes,
-            )
-        ctx = s.context(_tp_rank(), tuple(regions.row_bytes), slot_bytes)
-        stores = build_stores(s.config, ctx)  # fault wrappers included, if configured
-        timeline.event("worker.register", phase="stores")
-        engine = TransferEngine(regions, stores, s.blocks_per_chunk)
-        layers = _layer_order(regions) if _layer_loads(s.config.layer_loads, regions) else []
-        self.worker = WorkerSide(engine, layers=layers)
-        timeline.event("worker.register", phase="ready", load_bandwidth=engine.load_bandwidth)
-        log.info(
-            "kvtier worker: %d KV regions, %d-byte chunks, load bandwidth %.1f GB/s, sync loads %s",
-            len(regions.regions),
-            slot_bytes,
-            (engine.load_bandwidth or 0) / 1e9,
-            f"layer by layer ({len(layers)} layers)" if layers else "before the forward",
-        )
+        self.worker = _worker_side(self.setup, self._vllm_config, self._kv_cache_config, kv_caches)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self.worker is not None and isinstance(kv_connector_metadata, KVTierMetadata):

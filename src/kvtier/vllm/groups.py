@@ -12,13 +12,14 @@ with a spec (``vllm.v1.kv_cache_interface``). kvtier serves:
 - several such groups at once (gpt-oss, Gemma 3 with HMA on).
 
 Hybrid recurrent-state models (Mamba / linear-attention groups, ``MambaSpec``, next to
-attention groups: Granite 4.0-H, Falcon-H1, Qwen3-Next, Jamba, Bamba) start, with
-offload off (:attr:`GroupKinds.recurrent`): a hit restores a request only if the
-recurrent state at exactly the hit's boundary comes back with the attention KV, and
-kvtier does not store recurrent state, so an attention-only hit would be useless (vLLM
-would have to recompute the whole prefix to rebuild the state). kvtier then neither
-stores nor loads (every request is unkeyable, reason :data:`RECURRENT`), and vLLM's own
-prefix cache serves the model as without kvtier.
+attention groups: Qwen3-Next, Granite 4.0-H, Falcon-H1, Jamba, Bamba): the attention
+groups go the chunk path, the recurrent groups (:attr:`GroupKinds.state_groups`) the state
+path (:mod:`kvtier.vllm.hybrid`): a hit restores a request only with the recurrent state
+at exactly the hit's boundary. Where kvtier cannot store or restore those states (vLLM's
+Mamba cache mode is not "align", i.e. prefix caching off; speculative Mamba blocks;
+tensor parallel) the model starts with offload off (:attr:`GroupKinds.recurrent`, one
+``kvtier:`` line): kvtier neither stores nor loads (every request is unkeyable, reason
+:data:`RECURRENT`), and vLLM's own prefix cache serves the model as without kvtier.
 
 Everything else is refused at engine start with one ``kvtier:`` line naming the layout
 and what to do (:class:`UnsupportedLayout`): recurrent-state models without attention,
@@ -63,7 +64,16 @@ class GroupKinds:
     worker must finish a step's stores before the engine may reuse those blocks."""
     recurrent: str = ""
     """Non-empty (the operator's ``kvtier:`` line) when the model has recurrent-state
-    groups: kvtier offloads nothing for it (see the module docstring)."""
+    groups that kvtier cannot serve: it offloads nothing for it (see the module
+    docstring)."""
+    state_groups: tuple[int, ...] = ()
+    """vLLM's recurrent-state (``MambaSpec``) KV-cache groups, served by the state path
+    (:mod:`kvtier.vllm.hybrid`) unless ``recurrent`` says why not."""
+
+    @property
+    def attention_groups(self) -> int:
+        """vLLM's KV-cache groups holding attention KV (what the chunk path copies)."""
+        return self.num_groups - len(self.state_groups)
 
 
 def _name(spec: Any) -> str:
@@ -130,7 +140,10 @@ def sink_layers(vllm_config: Any) -> frozenset[str]:
 
 
 def read_groups(
-    kv_cache_config: Any, cpu: bool = False, sinks: frozenset[str] = frozenset()
+    kv_cache_config: Any,
+    cpu: bool = False,
+    sinks: frozenset[str] = frozenset(),
+    world: int = 1,
 ) -> GroupKinds:
     """kvtier's view of ``kv_cache_config`` or UnsupportedLayout (see the module docstring).
 
@@ -143,7 +156,8 @@ def read_groups(
       manager (HMA) off, give wrong and run-to-run different tokens with or without
       kvtier (gpt-oss), so that layout is refused; with HMA on, kvtier serves it.
 
-    On GPU both are accepted (untested there).
+    On GPU both are accepted (untested there). ``world``: ranks (tensor x pipeline
+    parallel) sharing the model; recurrent states are served only with one.
     """
     from vllm.v1.kv_cache_interface import (
         AttentionSpec,
@@ -155,6 +169,8 @@ def read_groups(
 
     groups: list[KVGroup] = []
     recurrent: list[str] = []
+    state_groups: list[int] = []
+    off: list[str] = []
     frees = False
     cfg_groups = list(kv_cache_config.kv_cache_groups)
     if not cfg_groups:
@@ -167,6 +183,8 @@ def read_groups(
             groups.append(_recurrent_group(spec, len(g.layer_names)))
             kind = getattr(spec.mamba_type, "name", spec.mamba_type)
             recurrent.append(f"group {i}: {_name(spec)} {kind}")
+            state_groups.append(i)
+            off += _state_limits(spec, i)
             continue
         if isinstance(spec, UniformTypeKVCacheSpecs):
             named = list(spec.kv_cache_specs.items())
@@ -200,15 +218,36 @@ def read_groups(
             groups.append(kv)
     if recurrent and all(x.kind is AttentionKind.MAMBA for x in groups):
         raise _refuse(f"recurrent-state model without attention layers ({'; '.join(recurrent)})")
+    if recurrent and world > 1:
+        off.append(
+            f"tensor parallel size {world} (each rank's shard of the recurrent state is not "
+            "checked against kvtier's per-rank keys yet)"
+        )
     note = ""
-    if recurrent:
+    if off:
         note = (
             f"kvtier: hybrid recurrent-state model ({'; '.join(recurrent)}, Mamba/linear "
-            "attention layers): offload is off for it, kvtier stores and loads nothing; "
-            "a hit would need the recurrent state at exactly its boundary, which kvtier "
-            "does not store; vLLM's own prefix cache still serves it"
+            f"attention layers) with {'; '.join(dict.fromkeys(off))}: offload is off for "
+            "it, kvtier stores and loads nothing (a hit needs the recurrent state at exactly "
+            "its boundary); vLLM's own prefix cache still serves it"
         )
-    return GroupKinds(KVLayout(tuple(groups)), len(cfg_groups), frees, note)
+    return GroupKinds(KVLayout(tuple(groups)), len(cfg_groups), frees, note, tuple(state_groups))
+
+
+def _state_limits(spec: Any, i: int) -> list[str]:
+    """Why kvtier cannot store or restore the states of recurrent group ``i`` (empty: it
+    can). vLLM keeps states at block boundaries only in its "align" cache mode (prefix
+    caching on); speculative blocks (MTP/EAGLE) hold states past the boundary."""
+    out = []
+    mode = getattr(spec, "mamba_cache_mode", "none")
+    if mode != "align":
+        out.append(
+            f"Mamba cache mode {mode!r} (group {i}; vLLM keeps boundary states only in "
+            "'align' mode, with prefix caching on: enable_prefix_caching=True)"
+        )
+    if getattr(spec, "num_speculative_blocks", 0):
+        out.append(f"speculative Mamba blocks (group {i}, MTP/EAGLE speculative decoding)")
+    return out
 
 
 def _recurrent_group(spec: Any, layers: int) -> KVGroup:

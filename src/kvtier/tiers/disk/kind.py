@@ -18,6 +18,10 @@ from kvtier.tiers.index import SlotIndex
 
 log = logging.getLogger("kvtier")
 
+STATES_DIR = "states"
+"""Subdirectory of a disk tier's directory holding the recurrent states of hybrid models
+(their own slab files: a state's slot size differs from a chunk's)."""
+
 DEFAULT_CAPACITY = 16 << 30
 """Bytes of a disk tier that names no capacity (the flat key ``disk_bytes``'s default too)."""
 

@@ -38,6 +38,7 @@ from kvtier.tiers.disk.format import (
     parse_headers,
     slab_file_name,
 )
+from kvtier.tiers.disk.kind import STATES_DIR
 from kvtier.tiers.disk.private import (
     RANK_DIR,
     list_names,
@@ -59,7 +60,8 @@ class DiskPurge:
 
 def tier_dirs(path: Path) -> list[Path]:
     """The tier directories under ``path``: itself when it holds a superblock, else its
-    per-rank subdirectories that do. Opened as the tier opens them
+    per-rank subdirectories that do, and those of its ``states`` subdirectory (hybrid
+    models' recurrent states, same namespaces). Opened as the tier opens them
     (:func:`kvtier.tiers.disk.private.open_private_dir`: no link followed, ours and private,
     nothing changed); ConfigError when there is no directory at all, UnsafeDirectory when
     one is not safe to read."""
@@ -72,6 +74,20 @@ def tier_dirs(path: Path) -> list[Path]:
         os.close(dfd)
     if SUPER_NAME in names:
         return [path]
+    out = _rank_dirs(path, names)
+    if STATES_DIR in names:
+        dfd = open_private_dir(path / STATES_DIR, create=False, tighten=False)
+        try:
+            states = set(list_names(dfd))
+        finally:
+            os.close(dfd)
+        out += _rank_dirs(path / STATES_DIR, states)
+    return out
+
+
+def _rank_dirs(path: Path, names: set[str]) -> list[Path]:
+    """The per-rank subdirectories among ``names`` (the entries of ``path``) that hold a
+    superblock."""
     out = []
     for name in sorted(n for n in names if RANK_DIR.fullmatch(n)):
         try:

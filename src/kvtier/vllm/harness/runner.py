@@ -17,7 +17,8 @@ SPEC (JSON)::
           "image": {"seed": 1, "size": 64} | null}],
          "max_concurrency": 4},
         {"op": "reset_prefix_cache"}, {"op": "drain"}, {"op": "settle"},
-        {"op": "stores", "on": false}, {"op": "evict", "tier": "cpu"}]}
+        {"op": "stores", "on": false}, {"op": "evict", "tier": "cpu"},
+        {"op": "drop_states", "prompt": [ids], "from": 288}]}
 
 ``serve`` admits requests at their arrival time (seconds from the op's start) while fewer
 than ``max_concurrency`` are running, steps the engine and records per request: TTFT,
@@ -37,7 +38,9 @@ kvtier's stores off (``"on": false``: the admission policy refuses every chunk, 
 and hits go on) or back on, so one engine can measure what its stores cost. ``evict``
 (in-process engines) forgets what a kvtier tier holds (default "cpu"), as other traffic
 evicting it would: the tiers below keep their copies; ``prefetch`` (``"on": bool``)
-turns kvtier's prefetch on arrival on or off. A request with ``extend`` and ``gap``
+turns kvtier's prefetch on arrival on or off. ``drop_states`` (in-process hybrid engines
+with the connector) forgets kvtier's recurrent states of ``prompt``'s chain at every
+boundary from ``from`` tokens on, as an eviction would. A request with ``extend`` and ``gap``
 (seconds) is admitted that long after the request it extends finished (an agent's tool
 call). A request's ``kv_transfer_params``
 (a mapping) reaches the connector as vLLM's per-request transfer parameters (kvtier's
@@ -255,6 +258,20 @@ def set_stores(llm: Any, on: bool) -> None:
     manager.admission = own if on else _RefuseAll()
 
 
+def drop_states(llm: Any, op: dict[str, Any]) -> int:
+    """Forget kvtier's recurrent states of ``op["prompt"]``'s chain from boundary
+    ``op["from"]`` (tokens) on, as if they had been evicted (a hybrid model in process);
+    how many were held."""
+    from kvtier.keyinputs import NO_INPUTS
+
+    conn = _connector(llm)
+    if conn is None or conn.states is None:
+        raise ValueError("runner: drop_states needs an in-process hybrid engine with kvtier")
+    chain = conn.manager.namespace.key_chain(conn.manager.chunk_tokens, NO_INPUTS)
+    chain.update(op["prompt"])
+    return int(conn.states.cache.drop(chain.keys, int(op["from"])))
+
+
 def set_prefetch(llm: Any, on: bool) -> None:
     """Turn kvtier's prefetch on arrival on or off (config ``prefetch``) in this process's
     engine; no-op without kvtier (the baseline runs the same program)."""
@@ -285,7 +302,12 @@ def drain(llm: Any, timeout: float = 30.0) -> None:
         return
     core = llm.llm_engine.engine_core.engine_core
     deadline = time.monotonic() + timeout
-    while conn.manager.has_pending_jobs() and time.monotonic() < deadline:
+    states = getattr(conn, "states", None)
+
+    def pending() -> bool:
+        return conn.manager.has_pending_jobs() or (states is not None and states.pending())
+
+    while pending() and time.monotonic() < deadline:
         core.step()
         time.sleep(0.002)
     # Blocks kvtier held for finished requests are released one step after their jobs
@@ -308,30 +330,51 @@ def inspect(llm: Any, keys: bool = False) -> dict[str, Any]:
         index.check()
     worker: Any = getattr(get_kv_transfer_group(), "worker", None)
     out = _inspect_events(conn, keys)
-    return out | {
-        "metrics": conn.totals.to_dict(),
-        "hit_sources": [
-            [rid, {s.label: n for s, n in srcs.items()}] for rid, srcs in m.recent_hit_sources
-        ],
-        "steps": m.steps,
-        "deferred": m.deferred,
-        "pending_jobs": m.has_pending_jobs(),
-        "requests": m.num_requests(),
-        "pins": sum(e.pins for index in slot_tiers for e in index._entries.values()),
-        "leases": m.arrivals.retention.leases(),
-        "prefetching": m.arrivals.prefetch.active(),
-        "chunks": len(m.tiers[0].index),
-        "tier_chunks": {t.name: len(t.index) for t in m.tiers},
-        "preemptions": conn.preemptions,
-        "chunk_tokens": m.chunk_tokens,
-        "namespace": m.namespace.chain_digest().hex(),
-        "budget_limit": m.budget.limit,
-        "bandwidth": m.budget.bandwidth,
-        "step_seconds": m.budget.step_seconds,
-        "worker_inflight": len(worker._inflight),
-        "failed_reads": getattr(next(iter(worker.engine.stores.values())), "failed_reads", 0),
-        "slow_ops": getattr(next(iter(worker.engine.stores.values())), "slow_ops", 0),
-        "layered_steps": worker.layered_steps,
+    return (
+        out
+        | {
+            "metrics": conn.totals.to_dict(),
+            "hit_sources": [
+                [rid, {s.label: n for s, n in srcs.items()}] for rid, srcs in m.recent_hit_sources
+            ],
+            "steps": m.steps,
+            "deferred": m.deferred,
+            "pending_jobs": m.has_pending_jobs(),
+            "requests": m.num_requests(),
+            "pins": sum(e.pins for index in slot_tiers for e in index._entries.values()),
+            "leases": m.arrivals.retention.leases(),
+            "prefetching": m.arrivals.prefetch.active(),
+            "chunks": len(m.tiers[0].index),
+            "tier_chunks": {t.name: len(t.index) for t in m.tiers},
+            "preemptions": conn.preemptions,
+            "chunk_tokens": m.chunk_tokens,
+            "namespace": m.namespace.chain_digest().hex(),
+            "budget_limit": m.budget.limit,
+            "bandwidth": m.budget.bandwidth,
+            "step_seconds": m.budget.step_seconds,
+            "worker_inflight": len(worker._inflight),
+            "failed_reads": getattr(next(iter(worker.engine.stores.values())), "failed_reads", 0),
+            "slow_ops": getattr(next(iter(worker.engine.stores.values())), "slow_ops", 0),
+            "layered_steps": worker.layered_steps,
+        }
+        | _inspect_states(conn)
+    )
+
+
+def _inspect_states(conn: Any) -> dict[str, Any]:
+    """The recurrent states of a hybrid model (none for other models)."""
+    hybrid = getattr(conn, "states", None)
+    if hybrid is None:
+        return {}
+    states = hybrid.cache
+    return {
+        "states": {
+            "stored": states.stored_offers,
+            "skipped": states.skipped_offers,
+            "tier_states": {t.name: len(t.index) for t in states.stack.tiers},
+            "hits": list(states.recent_hits),
+            "pending_jobs": states.cache.has_pending_jobs(),
+        }
     }
 
 
@@ -400,6 +443,8 @@ def execute(llm: Any, spec: dict[str, Any], t0: float) -> dict[str, Any]:
             evict(llm, str(op.get("tier", "cpu")))
         elif kind == "prefetch":
             set_prefetch(llm, bool(op["on"]))
+        elif kind == "drop_states":
+            out.setdefault("dropped_states", []).append(drop_states(llm, op))
         elif kind == "settle":
             out.setdefault("settle", []).append(llm.collective_rpc("kvtier_settle")[0])
         else:
