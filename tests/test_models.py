@@ -63,9 +63,6 @@ class Refusal(NamedTuple):
 
 
 REFUSED = {
-    # vLLM's CPU MLA cannot prefill over cached KV (vLLM itself turns prefix caching off
-    # for it there): with kvtier's hits it gave wrong tokens, so kvtier refuses it on CPU.
-    "deepseek_v2_mla": Refusal("deepseek_v2_mla", {}, "MLA on vLLM's CPU backend"),
     # gpt-oss with HMA off gives wrong, run-to-run different tokens on vLLM's CPU backend
     # with or without kvtier; the same checkpoint with HMA on is served (DEFAULT).
     "gpt_oss_hma_off": Refusal(
@@ -73,6 +70,11 @@ REFUSED = {
         {"disable_hybrid_kv_cache_manager": True},
         "sliding window with attention sinks and HMA off",
     ),
+    # vLLM's CPU MLA cannot prefill over cached KV (vLLM itself turns prefix caching off
+    # for it there): with kvtier's hits it gave wrong tokens, so kvtier refuses it on CPU.
+    # Last: it runs in bf16 (ENGINE_FOR), and an fp32 MoE engine started after a bf16 one
+    # in the same process was seen to take vLLM's bf16-only AMX kernels on CPUs with AMX.
+    "deepseek_v2_mla": Refusal("deepseek_v2_mla", {}, "MLA on vLLM's CPU backend"),
 }
 """Runs kvtier must refuse at engine start, by run name."""
 MULTI_GROUP = {"gemma3", "gpt_oss", *HYBRID, *SLOW_HYBRID}
