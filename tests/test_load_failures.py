@@ -6,7 +6,7 @@ manager on) it stops the engine on them, and the connector must name the failed 
 in ``failed_recving`` instead, which vLLM accepts only for a request still waiting for its
 KV (an async load). So with several groups kvtier loads every hit asynchronously and
 reports failures per request; vLLM then recomputes the request from scratch, and kvtier's
-next lookup for it stops before the chunk that failed (it is never claimed twice).
+later lookups for it claim nothing (a hit that cannot load is never claimed twice).
 
 Per layout (Llama: one group; Gemma 3 and gpt-oss: several), against the engine without a
 connector, with real faults:

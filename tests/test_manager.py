@@ -292,7 +292,7 @@ def _over_shared_memory(fault: FaultPlan | None) -> KVTierConfig:
 @pytest.mark.parametrize("request_failures", [False, True])
 def test_a_hit_that_cannot_load_is_never_claimed_twice_by_one_request(request_failures):
     """A shared tier keeps answering "present" for chunks whose every read fails (a planted
-    value, a dead link): the request's next lookup stops before the failed chunk, so with
+    value, a dead link): the request's next lookups claim nothing, so with
     request-level failures (vLLM with several KV-cache groups: the request recomputes from
     scratch and is looked up again) it is rescheduled once, not forever."""
     writer = MiniEngine(_over_shared_memory(None))

@@ -156,7 +156,7 @@ class LoadPlanner:
 
     def finished(self, job: TransferJob, result: JobResult, req: RequestState | None) -> None:
         """A load ended: a failed chunk (and its descendants) leaves its tier, and the
-        request (``req``, if still known) never claims it again (``load_failed_at``)."""
+        request (``req``, if still known) claims no more hits (``load_failed_at``)."""
         self.loading.pop(job.job_id, None)
         c0 = self.first_chunk.pop(job.job_id, 0)
         if not all(result.ok):

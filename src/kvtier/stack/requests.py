@@ -44,11 +44,15 @@ class RequestState:
     hints: Hints = NO_HINTS
     """What the request's ``kv_transfer_params`` asked (:mod:`kvtier.hints`)."""
     load_failed_at: int | None = None
-    """The first chunk of this request whose load failed: its later lookups stop before
-    it, so a hit that cannot load (a planted value, a flaky disk, a timeout) is never
-    claimed twice by the same request and cannot loop it through reschedules."""
+    """The first chunk of this request whose load failed. From then on its lookups claim
+    nothing: vLLM recomputes the request (from its first failed block with one KV-cache
+    group, from scratch with several), a hit that cannot load (a planted value, a flaky
+    disk, a timeout) cannot loop it through reschedules, and the request never loads
+    asynchronously twice (vLLM 0.32 keeps a request whose async load failed among its
+    in-flight prefills, so a second async load of it is reserved twice, which under
+    memory pressure never fits: the engine stalls with the request waiting)."""
 
     def claimable(self, keys: Sequence[Key]) -> Sequence[Key]:
-        """The chain's keys a lookup may claim: those before the first chunk whose load
-        failed (all of them when none did)."""
-        return keys if self.load_failed_at is None else keys[: self.load_failed_at]
+        """The chain's keys a lookup may claim: all of them, none once a load of the
+        request failed (:attr:`load_failed_at`)."""
+        return keys if self.load_failed_at is None else keys[:0]
