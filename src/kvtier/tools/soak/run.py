@@ -59,7 +59,7 @@ class SoakOptions:
     """The model both engines serve: ``"smollm2"`` (SmolLM2-135M, dense attention: one
     KV-cache group; failed loads are reported to vLLM per block) or ``"gemma3"`` (a tiny
     random-weight Gemma 3 built by :mod:`kvtier.tools.tiny_models`: sliding-window and
-    global layers in two KV-cache groups with vLLM's hybrid KV-cache manager on; failed
+    global layers in several KV-cache groups with vLLM's hybrid KV-cache manager on; failed
     loads are reported per request, and every hit loads asynchronously). The tiny
     model's vocabulary is 512 tokens: the workload's token ids are folded into it."""
     seed: int = 0
