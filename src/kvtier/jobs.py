@@ -78,6 +78,11 @@ class JobResult:
     nbytes: int
     seconds: float
 
+    @classmethod
+    def of(cls, job: TransferJob, ok: list[bool], nbytes: int, seconds: float) -> JobResult:
+        """The result of ``job``: its identity, per-chunk ``ok``, bytes and seconds."""
+        return cls(job.job_id, job.req_id, job.kind, job.tier, job.sync, ok, nbytes, seconds)
+
     @property
     def all_ok(self) -> bool:
         return all(self.ok)

@@ -141,9 +141,7 @@ def _run_layered(
 
 
 def _failed(job: TransferJob) -> JobResult:
-    return JobResult(
-        job.job_id, job.req_id, job.kind, job.tier, job.sync, [False] * len(job.keys), 0, 0.0
-    )
+    return JobResult.of(job, [False] * len(job.keys), 0, 0.0)
 
 
 class TransferEngine:
@@ -364,16 +362,7 @@ class TransferEngine:
         else:
             ok = self._run_checked(job, prepared)
         timeline.event("copy.end", job=job.job_id, req=job.req_id, kind=job.kind)
-        return JobResult(
-            job.job_id,
-            job.req_id,
-            job.kind,
-            job.tier,
-            job.sync,
-            ok,
-            nbytes,
-            time.perf_counter() - t0,
-        )
+        return JobResult.of(job, ok, nbytes, time.perf_counter() - t0)
 
     def _run_checked(
         self, job: TransferJob, prepared: tuple[str, Any], only: list[int] | None = None

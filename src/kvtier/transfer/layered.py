@@ -120,11 +120,7 @@ class LayeredLoad:
             timeline.event("copy.end", job=job.job_id, req=job.req_id, kind=job.kind)
             nbytes = len(job.block_ids) * block_bytes if good else 0
             result = [good] * len(job.keys)
-            out.append(
-                JobResult(
-                    job.job_id, job.req_id, job.kind, job.tier, job.sync, result, nbytes, seconds
-                )
-            )
+            out.append(JobResult.of(job, result, nbytes, seconds))
         return out
 
     def _may_copy(self, k: int) -> None:

@@ -103,18 +103,7 @@ class StateMover:
 
     def _finish(self, job: TransferJob, ok: list[bool], t0: float) -> None:
         nbytes = self.state_bytes * sum(ok)
-        self._results.append(
-            JobResult(
-                job.job_id,
-                job.req_id,
-                job.kind,
-                job.tier,
-                job.sync,
-                ok,
-                nbytes,
-                time.perf_counter() - t0,
-            )
-        )
+        self._results.append(JobResult.of(job, ok, nbytes, time.perf_counter() - t0))
 
     def transfer_results(self) -> tuple[set[str], set[str]]:
         """``(finished receiving, failed receiving)`` request ids since the last call."""

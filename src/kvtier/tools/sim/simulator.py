@@ -264,10 +264,7 @@ def _settle(manager: CacheManager, plan: StepPlan) -> None:
     """Every job of ``plan`` succeeds at once (the simulator has no data to move)."""
     jobs = [*plan.loads, *plan.stores]
     if jobs:
-        results = [
-            JobResult(j.job_id, j.req_id, j.kind, j.tier, j.sync, [True] * len(j.keys), 0, 0.0)
-            for j in jobs
-        ]
+        results = [JobResult.of(j, [True] * len(j.keys), 0, 0.0) for j in jobs]
         manager.on_report(WorkerReport(results))
 
 
