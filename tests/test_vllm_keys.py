@@ -24,8 +24,7 @@ PROMPT = 8 * BLOCK  # 8 chunks
 IMAGE_AT, IMAGE_LEN = 3 * BLOCK + 5, 40  # overlaps chunks 3 and 4
 
 
-@pytest.fixture(scope="module")
-def connector():
+def make_connector(**extra):
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -40,7 +39,7 @@ def connector():
             kv_connector="KVTierConnector",
             kv_connector_module_path="kvtier.vllm",
             kv_role="kv_both",
-            kv_connector_extra_config={"cpu_bytes": "64MiB"},
+            kv_connector_extra_config={"cpu_bytes": "64MiB"} | extra,
         ),
     )
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=3, head_size=64, dtype=torch.float32)
@@ -51,6 +50,11 @@ def connector():
         kv_cache_groups=[KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec)],
     )
     return KVTierConnector(cfg, KVConnectorRole.SCHEDULER, kv)
+
+
+@pytest.fixture(scope="module")
+def connector():
+    return make_connector()
 
 
 _ids = iter(range(10**6))
@@ -64,12 +68,34 @@ def request(tokens: Sequence[int] | None = None, **kw):
     return Request(f"r{next(_ids)}", toks, SamplingParams(max_tokens=1), None, **kw)
 
 
-def image(identifier: str, offset: int = IMAGE_AT, length: int = IMAGE_LEN, modality="image"):
-    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+def image(
+    identifier: str,
+    offset: int = IMAGE_AT,
+    length: int = IMAGE_LEN,
+    modality="image",
+    pixels: str | None = None,
+):
+    """An image item named ``identifier`` whose processed data (``pixel_values``) is drawn
+    from ``pixels`` (default: the identifier, so one name is one content); ``pixels=""``
+    leaves the data out (what vLLM sends when the engine is to take it from its cache)."""
+    from vllm.multimodal.inputs import (
+        MultiModalBatchedField,
+        MultiModalFeatureSpec,
+        MultiModalFieldElem,
+        MultiModalKwargsItem,
+        PlaceholderRange,
+    )
 
+    seed = identifier if pixels is None else pixels
+    data = None
+    if seed:
+        g = torch.Generator().manual_seed(sum(map(ord, seed)) * 7919 + len(seed))
+        values = torch.rand(3, 8, 8, generator=g).to(torch.bfloat16)
+        elem = MultiModalFieldElem(data=values, field=MultiModalBatchedField())
+        data = MultiModalKwargsItem({"pixel_values": elem})
     pos = PlaceholderRange(offset=offset, length=length)
     return MultiModalFeatureSpec(
-        data=None, modality=modality, identifier=identifier, mm_position=pos
+        data=data, modality=modality, identifier=identifier, mm_position=pos
     )
 
 
@@ -108,6 +134,52 @@ def test_image_keyed_requests_sharing_text_do_not_hit_each_other(connector):
     # the text-only request's own chunks are another chain
     store(connector, request(toks))
     assert hit(connector, request(toks, mm_features=[image("img-C")])) == 3 * BLOCK
+
+
+def test_images_are_named_by_their_processed_content(connector):
+    """``mm_keys: content`` (default): a client that sends other pixels under an item's
+    name (vLLM's ``multi_modal_uuids``) gets no hit on that item's chunks, the same pixels
+    under another name do hit, and an item whose data is absent is unkeyable."""
+    toks = text(6)
+    store(connector, request(toks, mm_features=[image("photo")]))
+    assert hit(connector, request(toks, mm_features=[image("photo")])) == PROMPT
+    forged = request(toks, mm_features=[image("photo", pixels="other pixels")])
+    assert hit(connector, forged) == 3 * BLOCK
+    renamed = request(toks, mm_features=[image("another-uuid", pixels="photo")])
+    assert hit(connector, renamed) == PROMPT
+    m = connector.manager
+    before = m.metrics.get("unkeyable_requests", "mm-data")
+    assert hit(connector, request(toks, mm_features=[image("photo", pixels="")])) == 0
+    assert m.metrics.get("unkeyable_requests", "mm-data") == before + 1
+
+
+def test_identifier_names_trust_the_client():
+    """``mm_keys: identifier``: the item's name alone keys it, so other pixels under the
+    same name hit (what the option trades for not hashing; docs/security.md)."""
+    named = make_connector(mm_keys="identifier")
+    toks = text(7)
+    store(named, request(toks, mm_features=[image("photo")]))
+    forged = request(toks, mm_features=[image("photo", pixels="other pixels")])
+    assert hit(named, forged) == PROMPT
+    assert hit(named, request(toks, mm_features=[image("photo", pixels="")])) == PROMPT
+
+
+def test_content_names_are_memoised_per_live_object():
+    """One digest per data object while it lives; a new object is hashed afresh even at a
+    recycled address, and a changed tensor under a new object gets a new name."""
+    from kvtier.vllm.mm_content import PREFIX, ContentDigests
+
+    names = ContentDigests(capacity=2)
+    a = image("a").data
+    first = names.name(a)
+    assert first.startswith(PREFIX) and names.name(a) == first
+    assert names.name(image("a").data) == first  # equal content, another object
+    changed = image("a").data
+    changed["pixel_values"].data[0, 0, 0] += 1
+    assert names.name(changed) != first
+    assert names.name(None) == "" and names.name({"x": object()}) == ""
+    for i in range(5):  # over capacity: the oldest memo entries go, names stay right
+        assert names.name(image(f"n{i}").data) == ContentDigests().name(image(f"n{i}").data)
 
 
 def test_prompt_embeds_key_their_rows(connector):
@@ -158,7 +230,7 @@ def test_unkeyable_requests_are_neither_loaded_nor_stored(connector):
     assert hit(connector, odd) == 0  # its plain-text chunks are present, yet no hit
     assert hit(connector, odd) == 0
     assert m.metrics.get("unkeyable_requests", "mm-modality") == before + 1  # once per request
-    no_id = request(toks, mm_features=[image("")])
+    no_id = request(toks, mm_features=[image("", pixels="x")])
     assert hit(connector, no_id) == 0
     assert m.metrics.get("unkeyable_requests", "mm-identifier") >= 1
     # a keyable request with new chunks plans a store, the unkeyable one never does

@@ -114,3 +114,59 @@ def test_images_key_chunks_on_a_real_engine(vision_stack, tmp_path: Path):
     # B shares A's text before the image (three whole chunks) and nothing from the image on.
     assert 0 < hit["b"] <= first, hit
     assert hit["again"] > at[-1], hit
+
+
+def _serve(prompt: list[int], name: str, seed: int, uuid: str | None) -> dict[str, Any]:
+    req = {"id": f"{name}-0", "prompt": prompt, "max_tokens": 8, "ignore_eos": True}
+    return {
+        "op": "serve",
+        "name": name,
+        "requests": [req | {"image": {"seed": seed, "uuid": uuid}}],
+    }
+
+
+def test_a_client_uuid_cannot_bind_other_pixels_across_engines(vision_stack, tmp_path: Path):
+    """Issue 45, finding 7, on real engines sharing a disk tier. An "attacker" engine serves
+    image A under the client uuid ``photo``; a fresh "victim" engine then serves image B
+    under the same uuid. With ``mm_keys: content`` (default) the victim hits only the text
+    before the image and its output is B's (vLLM alone on a fresh engine); with
+    ``mm_keys: identifier`` the same program serves A's KV for B (the hit runs past the
+    image and the output differs), which shows the test can see the attack."""
+    from kvtier.tools.tiny_models import VISION_TOKENS
+    from test_models import outputs, run_specs
+
+    model = tmp_path / "idefics3"
+    build = (
+        "import sys; from kvtier.tools.tiny_models import build_vision; build_vision(sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", build, str(model)], check=True, timeout=600)
+    image_token = json.loads((model / "config.json").read_text())["image_token_id"]
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 512) for _ in range(PRE)]
+    prompt += [image_token] + [rng.randrange(3, 512) for _ in range(POST)]
+    attack = [_serve(prompt, "a_as_photo", 1, "photo")]
+    victim = [_serve(prompt, "b_as_photo", 2, "photo")]
+    base = {"model": str(model), "engine": ENGINE, "connector": None}
+    runs: dict[str, dict[str, Any]] = {
+        # B under the uuid on a fresh engine, then A without one: the oracle and the check
+        # that A's and B's outputs differ.
+        "base": base | {"program": victim + [_serve(prompt, "a", 1, None)]},
+    }
+    for mode in ("content", "identifier"):
+        conn = {"cpu_bytes": "64MiB", "disk_path": str(tmp_path / mode), "mm_keys": mode}
+        runs[f"{mode}/attacker"] = base | {"connector": conn, "program": attack}
+        runs[f"{mode}/victim"] = base | {"connector": conn, "program": victim}
+    results = run_specs(tmp_path, runs)
+    (b_out, a_out) = outputs(results["base"])
+    assert b_out != a_out, "the image does not change the output: the test cannot see"
+
+    def victim_of(mode: str) -> tuple[list[list[int]], int]:
+        (req,) = results[f"{mode}/victim"]["ops"][0]["requests"]
+        return outputs(results[f"{mode}/victim"])[0], sum(req["hit_sources"].values())
+
+    out, hit = victim_of("content")
+    assert out == b_out, "a client uuid bound other pixels' KV through the disk tier"
+    assert 0 < hit <= PRE, hit  # the text before the image came from the disk tier
+    out, hit = victim_of("identifier")
+    assert hit > PRE + VISION_TOKENS, hit
+    assert out != b_out, "identifier names should have served A's KV for B"

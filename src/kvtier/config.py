@@ -38,6 +38,8 @@ EVICTION_POLICIES: tuple[str, ...] = eviction_names()
 """The registered eviction policies (:mod:`kvtier.policies.registry`)."""
 WRITE_POLICIES: tuple[str, ...] = ("write-through", "write-back")
 LayerLoads = Literal["auto", "on", "off"]
+MMKeys = Literal["content", "identifier"]
+MM_KEYS: tuple[MMKeys, ...] = ("content", "identifier")
 LAYER_LOADS: tuple[str, ...] = ("auto", "on", "off")
 FLAT_KEYS: dict[str, tuple[str, str]] = {
     "cpu_bytes": ("cpu", "capacity"),
@@ -170,6 +172,17 @@ class KVTierConfig:
     key_secret_file: str | None = None
     """Path of a file holding that secret (its bytes, one trailing newline ignored; at least
     16 bytes); the alternative to ``key_secret_env``. None (default): no secret."""
+
+    mm_keys: MMKeys = "content"
+    """What names a multimodal item (an image, audio clip, video) in the chunk keys.
+    "content" (default): a digest of the item's processed tensors, the data the engine's
+    encoder runs on; an identifier a client chose (vLLM's ``multi_modal_uuids``) then
+    cannot bind other content's KV to it in kvtier's tiers, so kvtier shares an item's KV
+    only where the engine itself would compute the same KV. It costs a BLAKE3 pass over the
+    processed tensors once per item object (see docs/security.md). "identifier": vLLM's
+    item identifier (its mm hash, or the client's uuid unchanged): no hashing, but a client
+    that names an item can bind any content to that name for every engine sharing a tier;
+    use it only where no client can send ``multi_modal_uuids`` (a proxy strips them)."""
 
     store_output_tokens: bool = True
     """Also store chunks made of generated tokens, when the request finishes (multi-turn chat
@@ -402,6 +415,7 @@ _PARSERS: dict[str, Any] = {
     "namespace": text,
     "key_secret_env": opt_nonempty,
     "key_secret_file": opt_nonempty,
+    "mm_keys": choice(MM_KEYS),
     "store_output_tokens": boolean,
     "events_remote": boolean,
     "prefetch": boolean,

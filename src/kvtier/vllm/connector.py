@@ -53,7 +53,6 @@ from kvtier.jobs import StepPlan
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
 from kvtier.keysecret import read_key_secret
-from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, knows, resolve_chunk_tokens
 from kvtier.metrics import Metrics
 from kvtier.stack.build import build_stack, build_stores, tier_files
@@ -69,6 +68,7 @@ from kvtier.vllm.hybrid import HybridScheduler, HybridWorkerSide, attention_ids,
 from kvtier.vllm.key_inputs import key_inputs
 from kvtier.vllm.kv_layout import declared_block_dims, require_dims
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
+from kvtier.vllm.mm_content import ContentDigests
 from kvtier.vllm.stats import KVTierPromMetrics, KVTierStats
 from kvtier.worker import WorkerSide
 
@@ -83,12 +83,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("kvtier")
-
-
-def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
-    """kvtier's KVLayout of a vLLM KV-cache config (UnsupportedLayout where kvtier
-    cannot serve it; see :mod:`kvtier.vllm.groups`)."""
-    return read_groups(kv_cache_config).layout
 
 
 def _on_cpu() -> bool:
@@ -144,11 +138,12 @@ class _Setup:
         self.specs, self.states = state_setup(self, kv_cache_config)
         """The attention chunks' tier specs; the recurrent states' setup (hybrid models
         kvtier serves; None for the others)."""
+        self.mm_content = ContentDigests() if self.config.mm_keys == "content" else None
 
     def key_inputs(self, request: Request) -> KeyInputs:
         """The request's key inputs; unkeyable (never a hit nor a store) for every request
         of a hybrid recurrent-state model whose states kvtier cannot serve."""
-        inputs = key_inputs(request)
+        inputs = key_inputs(request, self.mm_content)
         if self.groups.recurrent and not inputs.unkeyable:
             return dataclasses.replace(inputs, unkeyable=RECURRENT)
         return inputs

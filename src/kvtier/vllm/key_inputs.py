@@ -6,10 +6,14 @@ modality and ``mm_position`` offset, length and ``is_embed`` mask); ``prompt_emb
 raw bytes of each chunk's rows, hashed lazily, with the dtype, the row shape and the
 ``prompt_is_token_ids`` mask of the rows).
 
+A multimodal item is named by its processed content (:mod:`kvtier.vllm.mm_content`, the
+default ``mm_keys: content``) or by vLLM's identifier (``mm_keys: identifier``).
+
 Unkeyable (the request is neither loaded nor stored): a multimodal item without an
-identifier, of a modality not in :data:`MODALITIES`, or whose spec or placeholder carries a
-field this module does not know (a newer vLLM adding an input that may shape the KV), and
-prompt embeddings that are not a tensor. The reason is the ``input`` label of
+identifier, without processed data or with data of an unknown type where its content
+names it (``mm-data``), of a modality not in :data:`MODALITIES`, or whose spec or
+placeholder carries a field this module does not know (a newer vLLM adding an input that
+may shape the KV), and prompt embeddings that are not a tensor. The reason is the ``input`` label of
 ``kvtier_unkeyable_requests_total``.
 """
 
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvtier.keyinputs import NO_INPUTS, KeyInputs, MMInput, frame
+from kvtier.vllm.mm_content import ContentDigests
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -36,9 +41,10 @@ _FEATURE_FIELDS = frozenset(("data", "modality", "identifier", "mm_position", "m
 _PLACEHOLDER_FIELDS = frozenset(("offset", "length", "is_embed"))
 
 
-def key_inputs(request: Request) -> KeyInputs:
+def key_inputs(request: Request, content: ContentDigests | None = None) -> KeyInputs:
     """The request's :class:`KeyInputs` (``unkeyable`` set when it has an input kind this
-    module cannot key)."""
+    module cannot key). With ``content``, multimodal items are named by their processed
+    data's digest; without, by vLLM's identifier."""
     lora = request.lora_request
     salt = request.cache_salt or None
     embeds = getattr(request, "prompt_embeds", None)
@@ -56,9 +62,12 @@ def key_inputs(request: Request) -> KeyInputs:
         reason = _unkeyable_feature(f)
         if reason:
             return dataclasses.replace(base, unkeyable=reason)
+        name = f.identifier if content is None else content.name(f.data)
+        if not name:
+            return dataclasses.replace(base, unkeyable="mm-data")
         pos = f.mm_position
         mask = b"" if pos.is_embed is None else _tensor_digest(pos.is_embed)
-        mm.append(MMInput(f.identifier, int(pos.offset), int(pos.length), f.modality, mask))
+        mm.append(MMInput(name, int(pos.offset), int(pos.length), f.modality, mask))
     mm.sort(key=lambda m: m.offset)
     if embeds is None:
         return dataclasses.replace(base, mm=tuple(mm))

@@ -14,7 +14,7 @@ SPEC (JSON)::
      "program": [
         {"op": "serve", "name": "...", "requests": [{"id": "a", "prompt": [ids],
           "max_tokens": 8, "arrival": 0.0, "extend": "<id of an earlier request>",
-          "image": {"seed": 1, "size": 64} | null}],
+          "image": {"seed": 1, "size": 64, "uuid": null} | null}],
          "max_concurrency": 4},
         {"op": "reset_prefix_cache"}, {"op": "drain"}, {"op": "settle"},
         {"op": "stores", "on": false}, {"op": "evict", "tier": "cpu"},
@@ -25,7 +25,8 @@ than ``max_concurrency`` are running, steps the engine and records per request: 
 end-to-end latency, output token ids, cached prompt tokens and kvtier's hit sources.
 A request with ``image`` carries one random RGB image (``size`` x ``size`` pixels drawn
 from ``seed``: the same seed is the same image) for the model's image placeholder in
-``prompt``; its result adds ``engine_prompt``, the prompt after vLLM expanded the
+``prompt``, named by the client's ``uuid`` (vLLM's ``multi_modal_uuids``) when one is
+given; its result adds ``engine_prompt``, the prompt after vLLM expanded the
 placeholder (the image's token positions).
 A request with ``extend`` continues an earlier request once that one has finished: its
 prompt is that request's prompt + its output (without a final end-of-sequence token) +
@@ -163,6 +164,8 @@ def serve(llm: Any, op: dict[str, Any], history: dict[str, list[int]]) -> dict[s
             tokens = TokensPrompt(prompt_token_ids=prompt)
             if r.get("image") is not None:
                 tokens["multi_modal_data"] = {"image": _image(r["image"])}
+                if r["image"].get("uuid"):
+                    tokens["multi_modal_uuids"] = {"image": [r["image"]["uuid"]]}
             engine.add_request(r["id"], tokens, sp)
             timeline.event("runner.add", req=r["id"], tokens=len(prompt))
             running[r["id"]] = {
