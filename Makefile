@@ -24,6 +24,7 @@ lint: setup
 	.venv/bin/ruff check src tests benchmarks
 	.venv/bin/ruff format --check src tests benchmarks
 	.venv/bin/mypy
+	.venv/bin/mkdocs build --strict --quiet --site-dir .site
 
 bench: setup
 	.venv/bin/kvtier bench

