@@ -12,8 +12,8 @@ from kvtier.policies import make_eviction_policy
 from kvtier.policies.doorkeeper import Doorkeeper, DoorkeeperLRUPolicy
 from kvtier.policies.shadow import ShadowCache
 from kvtier.tools.bench.workloads import DEFAULT_TRACE
-from kvtier.tools.sim.bounds import replay_lru_oracle, replay_lru_reuse
-from kvtier.tools.sim.simulator import next_uses, replay_index
+from kvtier.tools.sim.bounds import next_uses, replay_lru_oracle, replay_lru_reuse
+from kvtier.tools.sim.simulator import replay_index
 from kvtier.tools.sim.trace import load_trace
 
 

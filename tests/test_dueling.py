@@ -22,8 +22,8 @@ from kvtier.policies.dueling import BUDGET, SHADOW_SLOTS, DuelingPolicy
 from kvtier.policies.eviction import LRUPolicy
 from kvtier.policies.shadow import ShadowCache
 from kvtier.tools.bench.workloads import DEFAULT_TRACE
-from kvtier.tools.sim.bounds import lru_pass, replay_lru_oracle
-from kvtier.tools.sim.simulator import next_uses, replay_belady, replay_index
+from kvtier.tools.sim.bounds import lru_pass, next_uses, replay_belady, replay_lru_oracle
+from kvtier.tools.sim.simulator import replay_index
 from kvtier.tools.sim.trace import SIM_SEED, Trace, load_trace
 from mini_engine import MiniEngine
 

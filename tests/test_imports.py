@@ -1,5 +1,5 @@
 """The runtime (what a vLLM engine imports) imports no tooling, and no import cycle runs
-among its modules.
+among any of kvtier's modules, the tooling's included.
 
 Every ``import`` counts, wherever it stands: module level, inside a function, under
 ``if TYPE_CHECKING``. Importing ``a.b.c`` also runs the packages ``a.b`` and ``a`` (their
@@ -138,4 +138,12 @@ def test_the_graph_sees_function_level_and_type_checking_imports():
 
 def test_no_import_cycle_among_runtime_modules():
     found = cycles(runtime_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_cycle_anywhere_in_src():
+    """The tooling too (a lazy import hid ``tools.sim.bounds`` <-> ``tools.sim.simulator``)."""
+    modules = module_paths()
+    graph = {m: imports_of(m, p, modules) for m, p in modules.items()}
+    found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)

@@ -5,23 +5,21 @@ and admission policies, next to an offline Belady bound and an infinite cache, a
 token hit ratios per tier. No engine and no KV data are involved.
 """
 
+from kvtier.tools.sim.bounds import next_uses, replay_belady, replay_infinite
 from kvtier.tools.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     TierCapacity,
     parse_capacity,
     tier_capacities,
 )
+from kvtier.tools.sim.counts import ReplayCounts
 from kvtier.tools.sim.simulator import (
     DEFAULT_POLICIES,
     DEFAULT_TIERS,
     PolicySpec,
-    ReplayCounts,
     format_sim,
-    next_uses,
     parse_policy,
-    replay_belady,
     replay_index,
-    replay_infinite,
     run_sim,
 )
 from kvtier.tools.sim.trace import TRACE_BLOCK_TOKENS, SimRequest, Trace, load_trace, parse_request

@@ -1,4 +1,7 @@
-"""The admission-oracle bound: LRU that is told, offline, which chunks are worth storing.
+"""Offline bounds of the cache simulator: Belady's MIN, an infinite cache, and the
+admission-oracle bound (the reference lines of :mod:`kvtier.tools.sim.simulator`).
+
+The admission-oracle bound: LRU that is told, offline, which chunks are worth storing.
 
 An online policy that keeps LRU's order and only decides *what to store* can at best store
 exactly the chunks that will be hit before LRU evicts them. ``lru-oracle`` estimates that
@@ -24,11 +27,12 @@ guess without knowing which part the future favours.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable
 
 from kvtier.keys import Key
-from kvtier.tools.sim.simulator import ReplayCounts, Tick
+from kvtier.tools.sim.counts import TICK_EVERY, ReplayCounts, Tick
 from kvtier.tools.sim.trace import Trace
 
 ORACLE_PASSES = 3
@@ -82,7 +86,7 @@ def replay_lru_reuse(
     trace: Trace, slots: int, future: list[list[int]], *, tick: Tick | None = None
 ) -> ReplayCounts:
     """LRU storing exactly the chunks a later request uses (pass 1 of the oracle, module
-    docstring); ``future`` comes from :func:`kvtier.tools.sim.simulator.next_uses`."""
+    docstring); ``future`` comes from :func:`next_uses`."""
     never = len(trace.keys)
     got, _ = lru_pass(trace, slots, lambda i, j: future[i][j] < never)
     if tick is not None:
@@ -99,7 +103,7 @@ def replay_lru_oracle(
     tick: Tick | None = None,
 ) -> ReplayCounts:
     """The best of ``passes`` LRU replays with offline admission (module docstring);
-    ``future`` comes from :func:`kvtier.tools.sim.simulator.next_uses`."""
+    ``future`` comes from :func:`next_uses`."""
     never = len(trace.keys)
 
     def reused(i: int, j: int) -> bool:
@@ -115,3 +119,77 @@ def replay_lru_oracle(
     if tick is not None:
         tick(len(trace.keys))
     return best
+
+
+def next_uses(trace: Trace) -> list[list[int]]:
+    """``out[i][j]``: the index of the next request after i that uses block j of request i,
+    or ``len(trace.keys)`` when none does (one backward pass over the trace)."""
+    never = len(trace.keys)
+    last: dict[Key, int] = {}
+    out: list[list[int]] = [[] for _ in trace.keys]
+    for i in range(len(trace.keys) - 1, -1, -1):
+        keys = trace.keys[i]
+        get = last.get
+        out[i] = [get(k, never) for k in keys]
+        for k in keys:
+            last[k] = i
+    return out
+
+
+def replay_belady(
+    trace: Trace,
+    slots: int,
+    future: list[list[int]],
+    *,
+    tick: Tick | None = None,
+    check: bool = False,
+) -> ReplayCounts:
+    """Offline MIN with bypass on one tier of ``slots`` blocks (see
+    :mod:`kvtier.tools.sim.simulator`).
+
+    ``future`` comes from :func:`next_uses`. ``check`` asserts the cache stays prefix-closed
+    (every present block of a request lies in its hit prefix).
+    """
+    cache: dict[Key, int] = {}  # key -> its current next use
+    heap: list[tuple[int, int, Key]] = []  # (-next use, -depth, key); stale entries skipped
+    push, pop = heapq.heappush, heapq.heappop
+    block = trace.block_tokens
+    hit_blocks = hit_tokens = evictions = 0
+    for i, keys in enumerate(trace.keys):
+        n = 0
+        while n < len(keys) and keys[n] in cache:
+            n += 1
+        if check:
+            assert sum(k in cache for k in keys) == n, f"request {i}: cache not prefix-closed"
+        hit_blocks += n
+        hit_tokens += min(n * block, trace.tokens[i])
+        for j, (k, nu) in enumerate(zip(keys, future[i], strict=True)):
+            cache[k] = nu
+            push(heap, (-nu, -j, k))
+        while len(cache) > slots:
+            neg_nu, _, k = pop(heap)
+            if cache.get(k) == -neg_nu:
+                del cache[k]
+                evictions += 1
+        if tick is not None and (i + 1) % TICK_EVERY == 0:
+            tick(TICK_EVERY)
+    if tick is not None:
+        tick(len(trace.keys) % TICK_EVERY)
+    return ReplayCounts([hit_blocks], [hit_tokens], [evictions])
+
+
+def replay_infinite(trace: Trace, *, tick: Tick | None = None) -> ReplayCounts:
+    """Unbounded cache: a block hits iff its prefix (its key) was seen before."""
+    seen: set[Key] = set()
+    block = trace.block_tokens
+    hit_blocks = hit_tokens = 0
+    for i, keys in enumerate(trace.keys):
+        n = 0
+        while n < len(keys) and keys[n] in seen:
+            n += 1
+        hit_blocks += n
+        hit_tokens += min(n * block, trace.tokens[i])
+        seen.update(keys[n:])
+    if tick is not None:
+        tick(len(trace.keys))
+    return ReplayCounts([hit_blocks], [hit_tokens], [0])

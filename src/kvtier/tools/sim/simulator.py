@@ -39,11 +39,10 @@ Two reference lines need no kvtier policy:
 
 from __future__ import annotations
 
-import heapq
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,7 @@ from kvtier.config import KVTierConfig, SyncBudget
 from kvtier.errors import ConfigError
 from kvtier.hints import Hints
 from kvtier.jobs import JobResult, StepPlan, WorkerReport
-from kvtier.keys import Key, Namespace
+from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, on_new_request
 from kvtier.policies import eviction_names
@@ -59,12 +58,20 @@ from kvtier.stack.build import build_stack
 from kvtier.stack.kinds import TierContext
 from kvtier.stack.spec import TierOptions, TierSpec
 from kvtier.tiers.disk.kind import DiskOptions
+from kvtier.tools.sim.bounds import (
+    next_uses,
+    replay_belady,
+    replay_infinite,
+    replay_lru_oracle,
+    replay_lru_reuse,
+)
 from kvtier.tools.sim.capacity import (
     SMOLLM2_BYTES_PER_TOKEN,
     CapacityConfig,
     TierCapacity,
     tier_capacities,
 )
+from kvtier.tools.sim.counts import TICK_EVERY, ReplayCounts, Tick
 from kvtier.tools.sim.trace import TRACE_BLOCK_TOKENS, Trace, load_trace
 
 DEFAULT_POLICIES: tuple[str, ...] = (
@@ -81,10 +88,8 @@ DEFAULT_POLICIES: tuple[str, ...] = (
 DEFAULT_TIERS: tuple[str, ...] = ("cpu", "disk")
 """Tier names, innermost first; a configuration with k capacities uses the first k."""
 
-Tick = Callable[[int], None]
 """Progress callback: called with a number of requests just replayed."""
 
-_TICK_EVERY = 256
 _SIM_LAYOUT = KVLayout.dense(1, 1, 1, "int8")
 """Sizes do not matter to a replay: one-byte chunks, loads never within the step."""
 
@@ -136,17 +141,6 @@ def parse_policy(name: str) -> PolicySpec:
 
 
 # -- replays -------------------------------------------------------------------------------
-
-
-@dataclass
-class ReplayCounts:
-    """Hits of one replay, per tier (innermost first)."""
-
-    hit_blocks: list[int]
-    hit_tokens: list[int]
-    evictions: list[int] = field(default_factory=list)
-    policies: list[Any] = field(default_factory=list, repr=False)
-    """The tiers' eviction policies after an index replay (inspection, tests)."""
 
 
 def replay_index(
@@ -208,10 +202,10 @@ def replay_index(
         if check:
             for tier in manager.tiers:
                 tier.index.check()  # type: ignore[attr-defined]
-        if tick is not None and (i + 1) % _TICK_EVERY == 0:
-            tick(_TICK_EVERY)
+        if tick is not None and (i + 1) % TICK_EVERY == 0:
+            tick(TICK_EVERY)
     if tick is not None:
-        tick(len(trace.keys) % _TICK_EVERY)
+        tick(len(trace.keys) % TICK_EVERY)
     return ReplayCounts(
         hit_blocks,
         hit_tokens,
@@ -268,79 +262,6 @@ def _settle(manager: CacheManager, plan: StepPlan) -> None:
         manager.on_report(WorkerReport(results))
 
 
-def next_uses(trace: Trace) -> list[list[int]]:
-    """``out[i][j]``: the index of the next request after i that uses block j of request i,
-    or ``len(trace.keys)`` when none does (one backward pass over the trace)."""
-    never = len(trace.keys)
-    last: dict[Key, int] = {}
-    out: list[list[int]] = [[] for _ in trace.keys]
-    for i in range(len(trace.keys) - 1, -1, -1):
-        keys = trace.keys[i]
-        get = last.get
-        out[i] = [get(k, never) for k in keys]
-        for k in keys:
-            last[k] = i
-    return out
-
-
-def replay_belady(
-    trace: Trace,
-    slots: int,
-    future: list[list[int]],
-    *,
-    tick: Tick | None = None,
-    check: bool = False,
-) -> ReplayCounts:
-    """Offline MIN with bypass on one tier of ``slots`` blocks (see the module docstring).
-
-    ``future`` comes from :func:`next_uses`. ``check`` asserts the cache stays prefix-closed
-    (every present block of a request lies in its hit prefix).
-    """
-    cache: dict[Key, int] = {}  # key -> its current next use
-    heap: list[tuple[int, int, Key]] = []  # (-next use, -depth, key); stale entries skipped
-    push, pop = heapq.heappush, heapq.heappop
-    block = trace.block_tokens
-    hit_blocks = hit_tokens = evictions = 0
-    for i, keys in enumerate(trace.keys):
-        n = 0
-        while n < len(keys) and keys[n] in cache:
-            n += 1
-        if check:
-            assert sum(k in cache for k in keys) == n, f"request {i}: cache not prefix-closed"
-        hit_blocks += n
-        hit_tokens += min(n * block, trace.tokens[i])
-        for j, (k, nu) in enumerate(zip(keys, future[i], strict=True)):
-            cache[k] = nu
-            push(heap, (-nu, -j, k))
-        while len(cache) > slots:
-            neg_nu, _, k = pop(heap)
-            if cache.get(k) == -neg_nu:
-                del cache[k]
-                evictions += 1
-        if tick is not None and (i + 1) % _TICK_EVERY == 0:
-            tick(_TICK_EVERY)
-    if tick is not None:
-        tick(len(trace.keys) % _TICK_EVERY)
-    return ReplayCounts([hit_blocks], [hit_tokens], [evictions])
-
-
-def replay_infinite(trace: Trace, *, tick: Tick | None = None) -> ReplayCounts:
-    """Unbounded cache: a block hits iff its prefix (its key) was seen before."""
-    seen: set[Key] = set()
-    block = trace.block_tokens
-    hit_blocks = hit_tokens = 0
-    for i, keys in enumerate(trace.keys):
-        n = 0
-        while n < len(keys) and keys[n] in seen:
-            n += 1
-        hit_blocks += n
-        hit_tokens += min(n * block, trace.tokens[i])
-        seen.update(keys[n:])
-    if tick is not None:
-        tick(len(trace.keys))
-    return ReplayCounts([hit_blocks], [hit_tokens], [0])
-
-
 # -- driver --------------------------------------------------------------------------------
 
 
@@ -384,8 +305,6 @@ class _Runner:
     def _bound_one(self, kind: str, slots: int) -> ReplayCounts:
         """The offline bound ``kind`` at one size, replayed once per size; a repeat still
         advances the progress bar by the passes the replay took."""
-        from kvtier.tools.sim.bounds import replay_lru_oracle, replay_lru_reuse
-
         key = (kind, slots)
         if key not in self._bounds:
             replays: dict[str, Callable[..., ReplayCounts]] = {
