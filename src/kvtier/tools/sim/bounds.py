@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from kvtier.keys import Key
 from kvtier.tools.sim.counts import TICK_EVERY, ReplayCounts, Tick
@@ -40,6 +40,14 @@ ORACLE_PASSES = 3
 
 Admit = Callable[[int, int], bool]
 """Whether block ``j`` of request ``i`` may be stored."""
+
+
+def present_prefix(keys: list[Key], cache: Container[Key]) -> int:
+    """How many of ``keys``, from the first, are in ``cache`` (a request's hit blocks)."""
+    n = 0
+    while n < len(keys) and keys[n] in cache:
+        n += 1
+    return n
 
 
 def lru_pass(
@@ -53,9 +61,7 @@ def lru_pass(
     hit_blocks = hit_tokens = evictions = 0
     move = cache.move_to_end
     for i, keys in enumerate(trace.keys):
-        n = 0
-        while n < len(keys) and keys[n] in cache:
-            n += 1
+        n = present_prefix(keys, cache)
         hit_blocks += n
         hit_tokens += min(n * block, trace.tokens[i])
         for k in keys[n - 1 :: -1] if n else ():
@@ -156,9 +162,7 @@ def replay_belady(
     block = trace.block_tokens
     hit_blocks = hit_tokens = evictions = 0
     for i, keys in enumerate(trace.keys):
-        n = 0
-        while n < len(keys) and keys[n] in cache:
-            n += 1
+        n = present_prefix(keys, cache)
         if check:
             assert sum(k in cache for k in keys) == n, f"request {i}: cache not prefix-closed"
         hit_blocks += n
@@ -184,9 +188,7 @@ def replay_infinite(trace: Trace, *, tick: Tick | None = None) -> ReplayCounts:
     block = trace.block_tokens
     hit_blocks = hit_tokens = 0
     for i, keys in enumerate(trace.keys):
-        n = 0
-        while n < len(keys) and keys[n] in seen:
-            n += 1
+        n = present_prefix(keys, seen)
         hit_blocks += n
         hit_tokens += min(n * block, trace.tokens[i])
         seen.update(keys[n:])
