@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from functools import cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -91,22 +92,9 @@ class NativeIO:
         """Read each chunk and check it hashes (seed ``seeds[i]``) to ``sums[i]``; ``pad``
         bytes of padding follow each payload in the file. Returns per-chunk status: OK,
         IO_ERROR or CORRUPT."""
-        n = len(fds)
-        status = np.zeros(n, dtype=np.uint8)
-        rc = self._read(
-            n,
-            fds.ctypes.data,
-            offs.ctypes.data,
-            iov_start.ctypes.data,
-            iov_ptr.ctypes.data,
-            iov_len.ctypes.data,
-            pad,
-            seeds.ctypes.data,
-            sums.ctypes.data,
-            status.ctypes.data,
-        )
-        if rc:
-            status[:] = IO_ERROR
+        status = np.zeros(len(fds), dtype=np.uint8)
+        self._call(self._read, status, (fds, offs, iov_start, iov_ptr, iov_len), pad,
+                   (seeds, sums, status))  # fmt: skip
         return status
 
     def write(
@@ -124,26 +112,20 @@ class NativeIO:
         """Write each chunk plus ``pad`` zero bytes, then its header (``headers``: n x 128
         prepared headers whose two checksum fields are filled in here; a failed chunk's
         header is zeroed and still written). Returns (status, payload checksums)."""
-        n = len(fds)
-        status = np.zeros(n, dtype=np.uint8)
-        sums = np.zeros(n, dtype=np.uint64)
-        rc = self._write(
-            n,
-            fds.ctypes.data,
-            offs.ctypes.data,
-            iov_start.ctypes.data,
-            iov_ptr.ctypes.data,
-            iov_len.ctypes.data,
-            pad,
-            seeds.ctypes.data,
-            headers.ctypes.data,
-            hdr_offs.ctypes.data,
-            sums.ctypes.data,
-            status.ctypes.data,
-        )
-        if rc:
-            status[:] = IO_ERROR
+        status = np.zeros(len(fds), dtype=np.uint8)
+        sums = np.zeros(len(fds), dtype=np.uint64)
+        self._call(self._write, status, (fds, offs, iov_start, iov_ptr, iov_len), pad,
+                   (seeds, headers, hdr_offs, sums, status))  # fmt: skip
         return status, sums
+
+    @staticmethod
+    def _call(
+        fn: Any, status: npt.NDArray[np.uint8], io: tuple[Any, ...], pad: int, rest: tuple[Any, ...]
+    ) -> None:
+        """``fn(n, *io, pad, *rest)`` with each array passed by address; a call that fails
+        as a whole marks every chunk IO_ERROR."""
+        if fn(len(status), *(a.ctypes.data for a in io), pad, *(a.ctypes.data for a in rest)):
+            status[:] = IO_ERROR
 
 
 @cache
