@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from test_models import ENGINE, ENGINE_FOR, outputs, run_specs
-from test_vllm_events import Subscriber, replay
+from test_vllm_events import Subscriber, block_hashes, replay
 
 pytestmark = pytest.mark.vllm
 
@@ -245,17 +245,7 @@ def test_second_engine_hits_states_from_disk_and_redis(runs, first, second, sour
 
 
 def _hashes(tokens: list[int]) -> list[int]:
-    """vLLM's hashes (as its events carry them) of every full B-token block of ``tokens``."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core import kv_cache_utils as kcu
-
-    fn = get_hash_fn_by_name("sha256")  # vLLM's default prefix_caching_hash_algo
-    kcu.init_none_hash(fn)
-    out, parent = [], None
-    for i in range(len(tokens) // B):
-        parent = kcu.hash_block_tokens(fn, parent, tokens[i * B : (i + 1) * B])
-        out.append(kcu.maybe_convert_block_hash(parent))
-    return out
+    return block_hashes(tokens, B)
 
 
 def _state_oracle(kv: dict[str, Any]) -> dict[str, tuple[int, list[int], int | None]]:
