@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from test_models import ENGINE, ENGINE_FOR, outputs, run_specs
+from test_vllm_events import Subscriber, block_hashes, replay
 
 pytestmark = pytest.mark.vllm
 
@@ -121,25 +122,39 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "program": _program(conn is not None, rounds),
         }
 
+    sub = Subscriber()
+
+    def with_events(s: dict[str, Any], name: str) -> dict[str, Any]:
+        topic = f"kv@{name}@qwen3next"
+        cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": topic}
+        return s | {"kv_events": cfg | {"endpoint": sub.endpoint}, "inspect_keys": True}
+
     failing = CONNECTOR | {"fault_injection": {"states": {"fail_all_reads": True}}}
     cpu = {"kind": "cpu", "capacity": "64MiB"}
     disk = {"tiers": [cpu, {"kind": "disk", "path": str(tmp / "disk"), "capacity": "64MiB"}]}
-    with RedisServer() as server:
-        remote = {"tiers": [cpu, {"kind": "redis", "url": server.url, "timeout_ms": 3000}]}
-        yield run_specs(
-            tmp,
-            {
-                "base": spec(None),
-                "cpu": spec(CONNECTOR),
-                "failed": spec(failing),
-                # A second engine on the first one's disk files (a restart)...
-                "disk1": spec(disk, rounds="1"),
-                "disk2": spec(disk, rounds="2"),
-                # ... and on the Redis server the first one stored into.
-                "redis1": spec(remote, rounds="1"),
-                "redis2": spec(remote, rounds="2"),
-            },
-        )
+    try:
+        with RedisServer() as server:
+            remote = {"tiers": [cpu, {"kind": "redis", "url": server.url, "timeout_ms": 3000}]}
+            results = run_specs(
+                tmp,
+                {
+                    "base": spec(None),
+                    # Tier events on (states included): what a KV-aware router would see.
+                    "cpu": with_events(spec(CONNECTOR), "cpu"),
+                    "failed": spec(failing),
+                    # A second engine on the first one's disk files (a restart)...
+                    "disk1": spec(disk, rounds="1"),
+                    "disk2": with_events(spec(disk, rounds="2"), "disk2"),
+                    # ... and on the Redis server the first one stored into.
+                    "redis1": spec(remote, rounds="1"),
+                    "redis2": spec(remote, rounds="2"),
+                },
+            )
+        for name in ("cpu", "disk2"):
+            results[name]["batches"] = sub.batches(f"kv@{name}@qwen3next".encode())
+    finally:
+        sub.close()
+    yield results
 
 
 def _external(result: dict[str, Any], phase: int) -> dict[str, int]:
@@ -224,3 +239,123 @@ def test_second_engine_hits_states_from_disk_and_redis(runs, first, second, sour
     first = kv["ops"][0]["requests"][0]
     assert first["hit_sources"] == {source: 288}, first
     assert source in _sources(kv, 0) <= {source, "host"}, _sources(kv, 0)
+
+
+# -- tier events: states announced as vLLM announces its own recurrent groups -------------
+
+
+def _hashes(tokens: list[int]) -> list[int]:
+    return block_hashes(tokens, B)
+
+
+def _state_oracle(kv: dict[str, Any]) -> dict[str, tuple[int, list[int], int | None]]:
+    """State key (hex) -> (hash, tokens, parent hash) of the block that ends at its
+    boundary, for every boundary of every sequence the engine saw (prompt + output)."""
+    from kvtier.keys import chunk_keys
+    from kvtier.stack.states import state_key
+
+    seed = bytes.fromhex(kv["kvtier"]["key_seed"])
+    p = _prompts()
+    out = {}
+    for op in kv["ops"]:
+        for r in op["requests"]:
+            seq = p[r["id"].split("-")[1]] + r["output"]
+            hashes = _hashes(seq)
+            for i, key in enumerate(chunk_keys(seq, B, seed)):
+                parent = hashes[i - 1] if i else None
+                out[state_key(key).hex()] = (hashes[i], seq[i * B : (i + 1) * B], parent)
+    return out
+
+
+def _split(kv: dict[str, Any], medium: str) -> tuple[list[Any], list[Any]]:
+    """kvtier's events of ``medium``: (the attention group's, the recurrent groups')."""
+    group = kv["kvtier"]["events"]["group"]
+    evs = [ev for b in kv["batches"] for ev in b.events if getattr(ev, "medium", None) == medium]
+    return [ev for ev in evs if ev.group_idx == group], [ev for ev in evs if ev.group_idx != group]
+
+
+def test_state_events_name_boundary_blocks_in_the_engines_recurrent_groups(runs):
+    """Each stored state is a BlockStored per recurrent group of the one block ending at
+    its boundary (hash, tokens, parent, kind "mamba"), in the groups and with the hashes
+    the engine's own GPU events use; the attention chunks keep the attention group."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    kv = runs["cpu"]
+    gpu = [
+        ev
+        for b in kv["batches"]
+        for ev in b.events
+        if isinstance(ev, BlockStored) and ev.medium in (None, "GPU")
+    ]
+    attn_groups = {ev.group_idx for ev in gpu if ev.kv_cache_spec_kind == "full_attention"}
+    rec_groups = {ev.group_idx for ev in gpu if ev.kv_cache_spec_kind == "mamba"}
+    assert len(attn_groups) == 1 and rec_groups and not attn_groups & rec_groups, (
+        attn_groups,
+        rec_groups,
+    )
+    gpu_states = {
+        (ev.group_idx, h) for ev in gpu for h in ev.block_hashes if ev.group_idx in rec_groups
+    }
+    assert kv["kvtier"]["events"]["dropped_runs"] == 0
+    assert kv["kvtier"]["events"]["group"] in attn_groups
+    attn, state = _split(kv, "CPU")
+    assert attn and all(ev.group_idx in attn_groups for ev in attn)
+    assert all(
+        ev.kv_cache_spec_kind == "full_attention" for ev in attn if isinstance(ev, BlockStored)
+    )
+    oracle = {h: (tokens, parent) for h, tokens, parent in _state_oracle(kv).values()}
+    stored = [ev for ev in state if isinstance(ev, BlockStored)]
+    assert stored and {ev.group_idx for ev in stored} == rec_groups
+    for ev in stored:
+        assert ev.kv_cache_spec_kind == "mamba" and ev.block_size == B, ev
+        (h,) = ev.block_hashes
+        assert (ev.token_ids, ev.parent_block_hash) == oracle[h], ev
+        assert (ev.group_idx, h) in gpu_states  # the engine held that state on GPU first
+    # Every stored state, in every recurrent group (one event each).
+    per_group = {
+        g: sorted(h for ev in stored if ev.group_idx == g for h in ev.block_hashes)
+        for g in rec_groups
+    }
+    assert len({tuple(v) for v in per_group.values()}) == 1, per_group
+    assert any(isinstance(ev, BlockRemoved) for ev in state)
+
+
+def test_replayed_state_events_equal_the_state_tier(runs):
+    """Replaying the CPU medium's events per group gives exactly what kvtier's tiers hold
+    at the end: attention blocks in the attention group, and in each recurrent group the
+    boundary blocks of the states held; the dropped states (a's at 288, e's chain) were
+    announced removed."""
+    from vllm.distributed.kv_events import BlockRemoved
+
+    kv = runs["cpu"]
+    attn, state = _split(kv, "CPU")
+    oracle = _state_oracle(kv)
+    held = {oracle[k][0] for k in kv["kvtier"]["states"]["tier_keys"]["cpu"]}
+    assert held and len(held) == kv["kvtier"]["states"]["tier_states"]["cpu"]
+    for g in {ev.group_idx for ev in state}:
+        mine = [ev for ev in state if ev.group_idx == g]
+        got = replay([type("Batch", (), {"events": mine})()])["CPU"]
+        assert got == held, g
+    # The attention blocks held (as tests/test_vllm_events.py checks for dense models).
+    attn_held = replay([type("Batch", (), {"events": attn})()])["CPU"]
+    assert len(attn_held) == len(kv["kvtier"]["tier_keys"]["cpu"])
+    removed = {h for ev in state if isinstance(ev, BlockRemoved) for h in ev.block_hashes}
+    p = _prompts()
+    dropped = {_hashes(p["a"])[2], _hashes(p["e"])[3], _hashes(p["e"])[2]}  # 288, 384, 288
+    assert dropped <= removed, (dropped, removed)
+
+
+def test_restored_states_are_announced_when_a_lookup_names_them(runs):
+    """A restarted engine announces no disk state at start; a lookup that finds one
+    announces it (medium STORAGE), as it does the attention chunks."""
+    from vllm.distributed.kv_events import BlockStored
+
+    kv = runs["disk2"]
+    assert kv["kvtier"]["events"]["dropped_runs"] == 0
+    _, state = _split(kv, "STORAGE")
+    announced = {h for ev in state if isinstance(ev, BlockStored) for h in ev.block_hashes}
+    p = _prompts()
+    assert {_hashes(p["a"])[2], _hashes(p["e"])[3]} <= announced, announced
+    oracle = _state_oracle(kv)
+    on_disk = {oracle[k][0] for k in kv["kvtier"]["states"]["tier_keys"]["disk"] if k in oracle}
+    assert announced <= on_disk

@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import torch
 
 from kvtier.keys import Namespace, chunk_keys
+from kvtier.stack.states import state_key
 from kvtier.tiers.disk.format import LOCK_NAME, SUPER_NAME
 from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteStore, parse_remote_url
@@ -269,6 +271,87 @@ def test_purge_disk_covers_hybrid_states(tmp_path, capsys):
     for sub in (root, root / "states"):
         assert not any(_disk_reads(sub, A)), sub
         assert all(_disk_reads(sub, B)), sub
+
+
+STATE = 3 * SLOT + 40
+"""Bytes of one recurrent state: its own slot size, unlike the attention chunks'."""
+
+
+def _state_stores(url: str, root: Path, ns: Namespace, rank: int) -> dict[str, Any]:
+    """The state tiers' stores of one rank, as a hybrid engine's worker builds them
+    (:func:`kvtier.stack.states.split_specs`): ``root/states`` on disk, the Redis server."""
+    from kvtier.config import KVTierConfig
+    from kvtier.stack.build import build_stores
+    from kvtier.stack.kinds import TierContext
+    from kvtier.stack.states import split_specs
+
+    config = KVTierConfig.from_dict(
+        {
+            "tiers": [
+                {"kind": "disk", "path": str(root), "capacity": 8 * N * STATE},
+                {"kind": "redis", "url": url, "timeout_ms": 5000},
+            ],
+            "state_share": 0.5,
+        }
+    )
+    _, specs = split_specs(config)
+    return build_stores(config, TierContext(STATE, ns.for_rank(rank), world=WORLD), specs)
+
+
+def _state_keys(ns: Namespace) -> list[bytes]:
+    return [state_key(k) for k in _keys(ns)]
+
+
+def _state_data(ns: Namespace, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((ns.extra, rank, "state")) % 1000)
+    return torch.randint(0, 256, (N, STATE), dtype=torch.uint8, generator=g)
+
+
+def _state_io(url: str, root: Path, write: bool) -> dict[tuple[str, str], list[bool]]:
+    """Write (or read back) every rank's states of both tenants in both tiers; per
+    (tenant, tier), which states came back intact."""
+    got: dict[tuple[str, str], list[bool]] = {}
+    for ns in (A, B):
+        slots = _slots(ns)
+        for r in range(WORLD):
+            stores = _state_stores(url, root, ns, r)
+            try:
+                for name, store in stores.items():
+                    addr = slots if name == "disk" else [-1] * N
+                    want = _state_data(ns, r)
+                    if write:
+                        out = want
+                        ok = store.write(addr, _state_keys(ns), _segs(out), [None] * N)
+                    else:
+                        out = torch.zeros(N, STATE, dtype=torch.uint8)
+                        ok = store.read(addr, _state_keys(ns), _segs(out))
+                    got.setdefault((ns.extra, name), []).extend(
+                        bool(o) and torch.equal(out[i], want[i]) for i, o in enumerate(ok)
+                    )
+            finally:
+                for store in stores.values():
+                    store.close()
+    return got
+
+
+@pytest.mark.parametrize("selection", ["namespace", "all"])
+def test_purge_removes_hybrid_states_from_disk_and_redis(server, tmp_path, selection):  # noqa: F811
+    """A hybrid model's recurrent states, written by the state tiers' own stores (a slot
+    size of their own, the ``states`` subdirectory, the same namespaces and Redis names as
+    the attention chunks): ``--namespace`` removes exactly one tenant's from both tiers,
+    ``--all`` every one."""
+    flush(server.url)
+    root = tmp_path / "disk"
+    written = _state_io(server.url, root, write=True)
+    assert all(all(v) for v in written.values()) and len(written) == 4, written
+    assert (root / "states" / f"tp{WORLD}-rank0").is_dir()
+    sel = [*A_ARGS, "--namespace", A.extra] if selection == "namespace" else ["--all"]
+    assert main(["purge", "--disk", str(root), *sel]) == 0
+    assert main(["purge", "--remote", server.url, *sel]) == 0
+    got = _state_io(server.url, root, write=False)
+    for (tenant, tier), ok in got.items():
+        gone = selection == "all" or tenant == A.extra
+        assert ok == [not gone] * (N * WORLD), (tenant, tier, ok)
 
 
 def test_purge_reaches_a_mutual_tls_server_with_an_acl_user_and_a_password_file(tmp_path):

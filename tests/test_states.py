@@ -5,6 +5,8 @@ recurrent layer come back exactly (the engine-level checks are tests/test_hybrid
 
 from __future__ import annotations
 
+import time
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -180,3 +182,80 @@ def test_a_request_is_received_once_both_sides_are_and_failed_if_either_failed()
     assert parts.results([({"a", "c"}, none), (none, none)]) == ({"a", "c"}, none)
     assert parts.results([(none, none), ({"b"}, {"b"})]) == (none, none)  # attention loading
     assert parts.results([({"b"}, none), (none, none)]) == ({"b"}, {"b"})
+
+
+def _served(manager: CacheManager, states: StateCache, req: str, tokens: list[int]) -> int:
+    """Tokens of ``tokens`` a lookup would serve (attention chunks and the state at their
+    end), asking again while a remote probe is out, as the connector does."""
+    from kvtier.manager import chain_keys
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        hit = manager.lookup(req, tokens, 0)
+        if hit is not None:
+            cut = states.trim(req, hit, chain_keys(manager, req), len(tokens))
+            if cut is not None:
+                return cut.end
+        time.sleep(0.005)
+    raise AssertionError("the remote tier never answered")
+
+
+def test_redis_evicting_a_chunk_leaves_its_state_unused_until_it_expires():
+    """Redis evicts on its own (``maxmemory``, ``ttl_s``) and kvtier never sees it, so a
+    state there is not removed with its attention chunk. Both are needed for a hit: with a
+    chunk of the chain gone (as an eviction deletes it), the hit stops at the last state
+    before the gap, the orphaned state is never used, and it goes when its TTL ends. A
+    state gone (attention present) makes the hit fall back the same way."""
+    import redis
+
+    from kvtier.stack.build import build_stores
+    from kvtier.tools.redis_server import RedisServer
+
+    with RedisServer() as server:
+        redis_tier = {"kind": "redis", "url": server.url, "ttl_s": 3}
+        tiers = [{"kind": "cpu", "capacity": 1 << 20}, redis_tier]
+        config = KVTierConfig.from_dict({"tiers": tiers, "state_share": 0.5})
+        ns = Namespace(model="m", layout_digest=LAYOUT.digest())
+        attn_specs, state_specs = split_specs(config)
+        chunk_ctx, state_ctx = TierContext(LAYOUT.chunk_bytes(C), ns), TierContext(STATE, ns)
+        attn = build_stack(config, chunk_ctx, attn_specs)
+        states = StateCache(
+            config, LAYOUT, ns, build_stack(config, state_ctx, state_specs), [1, 2], C, C
+        )
+        link_eviction(attn, states.stack)
+        manager = CacheManager(config, LAYOUT, ns, C, attn)
+        stores = [
+            build_stores(config, chunk_ctx, attn_specs)["redis"],
+            build_stores(config, state_ctx, state_specs)["redis"],
+        ]
+        raw = redis.Redis.from_url(server.url)
+        try:
+            tokens = list(range(3, 3 + 4 * C + 1))
+            keys = _keys(manager, tokens)
+            skeys = [state_key(keys[1]), state_key(keys[3])]  # states at 2 and 4 chunks
+            seg = [[(0, torch.ones(n, dtype=torch.uint8))] for n in (LAYOUT.chunk_bytes(C),) * 4]
+            # What write-through leaves in Redis: the chain's chunks and two states.
+            assert stores[0].write([-1] * 4, keys, seg, [None, *keys[:-1]]) == [True] * 4
+            sseg = [[(0, torch.ones(STATE, dtype=torch.uint8))]] * 2
+            assert stores[1].write([-1] * 2, skeys, sseg, [None, None]) == [True] * 2
+            assert _served(manager, states, "r1", tokens) == 4 * C
+            # Redis evicts the third chunk: the hit ends at the state after two chunks.
+            space = attn.tiers[1].index.keyspace  # type: ignore[attr-defined]
+            raw.delete(space.name(keys[2], 0))
+            assert _served(manager, states, "r2", tokens) == 2 * C
+            # The state after four chunks is left in Redis, unused...
+            state_space = states.stack.tiers[1].index.keyspace  # type: ignore[attr-defined]
+            orphan = state_space.name(skeys[1], 0)
+            assert raw.exists(orphan)
+            # ... a state gone with its chunks present: no hit at all...
+            raw.delete(state_space.name(skeys[0], 0))
+            assert _served(manager, states, "r3", tokens) == 0
+            # ... and the orphan goes when its TTL ends (as the chunks do).
+            deadline = time.monotonic() + 10
+            while raw.exists(orphan) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not raw.exists(orphan)
+        finally:
+            raw.close()
+            for store in stores:
+                store.close()

@@ -159,16 +159,17 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 # -- the oracle: vLLM's block hashes and kvtier's chunk keys of every known sequence --------
 
 
-def block_hashes(tokens: list[int]) -> list[int]:
-    """vLLM's hashes (as its events carry them) of every full block of ``tokens``."""
+def block_hashes(tokens: list[int], block: int = BLOCK) -> list[int]:
+    """vLLM's hashes (as its events carry them) of every full ``block``-token block of
+    ``tokens``."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils as kcu
 
     fn = get_hash_fn_by_name("sha256")  # vLLM's default prefix_caching_hash_algo
     kcu.init_none_hash(fn)
     out, parent = [], None
-    for i in range(len(tokens) // BLOCK):
-        parent = kcu.hash_block_tokens(fn, parent, tokens[i * BLOCK : (i + 1) * BLOCK])
+    for i in range(len(tokens) // block):
+        parent = kcu.hash_block_tokens(fn, parent, tokens[i * block : (i + 1) * block])
         out.append(kcu.maybe_convert_block_hash(parent))
     return out
 

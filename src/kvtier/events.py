@@ -338,6 +338,24 @@ class TierEvents:
         self.unknown = max(0, self.unknown - n_new)
         return n_new
 
+    def announce_one(self, source: object, index: int, key: Key) -> int:
+        """Announce ``key``, chunk ``index`` of ``source``'s sequence, in every tier that
+        holds it readable but never announced it (restored); a key that is not a chain
+        (a recurrent state: :mod:`kvtier.stack.states`). How many tiers announced it."""
+        n = 0
+        for t, listener in enumerate(self._listeners):
+            if listener is None or key not in listener.unknown:
+                continue
+            listener.unknown.discard(key)
+            rec = _Record(source, index, [key])
+            self._place(key, rec, 0)
+            listener.tails[key] = [rec, 0, 1]
+            self.announced[t] += 1
+            self._push_stored(t, source, index, 1)
+            n += 1
+        self.unknown = max(0, self.unknown - n)
+        return n
+
     # -- recording -----------------------------------------------------------------------
 
     def _push_stored(self, t: int, source: object, first: int, n: int) -> None:

@@ -271,6 +271,8 @@ class StateCache:
         self.cache.jobs.add(job)
         self._stores.append(job)
         self.stored_offers += 1
+        # Tier events name the state by the chunk that ends at its boundary.
+        self.cache.on_store_planned(req_id, boundary // c - 1, job.keys)
 
     def build_step(self) -> StepPlan:
         """This step's state jobs: loads accepted since the last step, stores of the

@@ -353,6 +353,7 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
                     kv_cache_config,
                     s.block_tokens,
                     remote=s.config.events_remote,
+                    states=self.states.cache if self.states is not None else None,
                 )
             if self.states is not None:
                 self.states.link()

@@ -14,7 +14,9 @@ What an event says, in vLLM's self-describing form:
   the same values as the engine's own events), ``parent_block_hash`` = the hash of the block
   just before the run (None at the root), the run's token ids, ``block_size`` = the
   engine's, ``lora_id`` / ``lora_name`` / ``extra_keys`` as the engine computes them,
-  ``group_idx`` 0 and the group's ``kv_cache_spec_kind``.
+  the attention group's ``group_idx`` (0 but for a hybrid model whose recurrent groups
+  come first) and ``kv_cache_spec_kind``. A hybrid model's recurrent states are announced
+  as vLLM announces its own (:mod:`kvtier.vllm.state_events`).
 - ``BlockRemoved``: those blocks left the tier (eviction, a failed store or check, reset).
 - ``medium``: "CPU" for host-memory tiers (cpu, private memory), "STORAGE" for disk and
   shared tiers; shared tiers also say ``locality="REMOTE"``. Never any other name.
@@ -47,6 +49,8 @@ from kvtier.events import EventRun, TierEvents
 from kvtier.keys import Key
 from kvtier.manager import CacheManager, chain_keys
 from kvtier.stack.stack import StackTier
+from kvtier.stack.states import StateCache
+from kvtier.vllm.state_events import StateEvents
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -98,7 +102,9 @@ class ConnectorEvents:
     """The scheduler-side events of one :class:`~kvtier.vllm.connector.KVTierConnector`.
 
     ``requests``: the connector's live requests by id (a planned store's identity is read
-    from there). Single-threaded (the scheduler's).
+    from there). A hybrid model's recurrent states (``states``, in vLLM's recurrent groups
+    ``states.groups``) are announced too (:mod:`kvtier.vllm.state_events`); the attention
+    chunks are then those of the first other group. Single-threaded (the scheduler's).
     """
 
     def __init__(
@@ -109,6 +115,7 @@ class ConnectorEvents:
         block_size: int,
         *,
         remote: bool = False,
+        states: StateCache | None = None,
     ) -> None:
         self.manager = manager
         self.requests = requests
@@ -116,7 +123,10 @@ class ConnectorEvents:
         self.blocks_per_chunk = manager.blocks_per_chunk
         self.log = TierEvents(manager.stack, self.blocks_per_chunk, shared=remote)
         self.media = [tier_medium(t) for t in manager.stack.tiers]
-        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        groups = kv_cache_config.kv_cache_groups
+        state_groups = states.groups if states is not None else ()
+        self.group = next(g for g in range(len(groups)) if g not in state_groups)
+        spec = groups[self.group].kv_cache_spec
         self.spec_kind = get_kv_cache_spec_kind(spec).value
         self.sliding_window = get_kv_cache_spec_sliding_window(spec)
         self._sources: dict[str, RequestSource] = {}
@@ -125,6 +135,22 @@ class ConnectorEvents:
         self.convert: Callable[[Any], Any] = maybe_convert_block_hash
         manager.on_store_planned = self._planned
         manager.movement.on_copy_planned = self.log.copying
+        self.states: StateEvents | None = None
+        if states is not None:
+            self.states = StateEvents(
+                states,
+                kv_cache_config,
+                state_groups,
+                self.blocks_per_chunk,
+                self._source_of,
+                self._fields,
+                [tier_medium(t) for t in states.stack.tiers],
+                remote=remote,
+            )
+
+    def _source_of(self, req_id: str) -> RequestSource | None:
+        request = self.requests.get(req_id)
+        return self._source(request) if request is not None else None
 
     def _source(self, request: Request) -> RequestSource:
         src = self._sources.get(request.request_id)
@@ -144,13 +170,16 @@ class ConnectorEvents:
         if self.log.unknown > 0:
             keys = chain_keys(self.manager, request.request_id)
             self.log.announce_held(self._source(request), keys)
+        if self.states is not None and self.states.log.unknown > 0:
+            keys = chain_keys(self.manager, request.request_id)
+            self.states.looked_up(self._source(request), keys)
 
     def finished(self, req_id: str) -> None:
         """The request is gone (its chunks' identities keep what they need of it)."""
         self._sources.pop(req_id, None)
 
     def pending(self) -> bool:
-        return self.log.pending()
+        return self.log.pending() or (self.states is not None and self.states.log.pending())
 
     def take(self) -> list[KVCacheEvent]:
         """vLLM events for the log's runs since the last call (bounded per call)."""
@@ -165,32 +194,48 @@ class ConnectorEvents:
                 self.dropped_runs += 1
             else:
                 out.append(ev)
+        if self.states is not None:
+            try:
+                evs, dropped = self.states.take()
+            except Exception:  # as above
+                log.exception("kvtier: could not build a state's KV event; dropped")
+                evs, dropped = [], 1
+            out += evs
+            self.dropped_runs += dropped
         return out
 
     def _stored(self, run: EventRun) -> BlockStored | None:
-        src = run.source
-        assert isinstance(src, RequestSource)
-        k, bs = self.blocks_per_chunk, self.block_size
-        b0, b1 = run.first * k, (run.first + run.count) * k
-        if len(src.hashes) < b1:
+        k = self.blocks_per_chunk
+        fields = self._fields(run.source, run.first * k, (run.first + run.count) * k)
+        if fields is None:
             return None
-        convert = self.convert
-        hashes = [convert(h) for h in src.hashes[b0:b1]]
         medium, locality = self.media[run.tier]
         return BlockStored(
-            block_hashes=hashes,
-            parent_block_hash=convert(src.hashes[b0 - 1]) if b0 > 0 else None,
-            token_ids=list(src.tokens[b0 * bs : b1 * bs]),
-            block_size=bs,
-            lora_id=src.lora_id,
+            **fields,
             medium=medium,
-            lora_name=src.lora_name,
-            extra_keys=self._extra_keys(src, b0, b1),
-            group_idx=0,
+            group_idx=self.group,
             kv_cache_spec_kind=self.spec_kind,
             kv_cache_spec_sliding_window=self.sliding_window,
             locality=locality,
         )
+
+    def _fields(self, src: object, b0: int, b1: int) -> dict[str, Any] | None:
+        """A ``BlockStored``'s description of engine blocks ``b0 .. b1 - 1`` of ``src``
+        (hashes, parent, tokens, LoRA, extra keys); None if the engine computed no hashes
+        for them."""
+        assert isinstance(src, RequestSource)
+        if len(src.hashes) < b1:
+            return None
+        bs, convert = self.block_size, self.convert
+        return {
+            "block_hashes": [convert(h) for h in src.hashes[b0:b1]],
+            "parent_block_hash": convert(src.hashes[b0 - 1]) if b0 > 0 else None,
+            "token_ids": list(src.tokens[b0 * bs : b1 * bs]),
+            "block_size": bs,
+            "lora_id": src.lora_id,
+            "lora_name": src.lora_name,
+            "extra_keys": self._extra_keys(src, b0, b1),
+        }
 
     def _extra_keys(self, src: RequestSource, b0: int, b1: int) -> list[Any] | None:
         if src.request is None:
@@ -212,4 +257,6 @@ class ConnectorEvents:
                 return None
             hashes += [convert(h) for h in src.hashes[i * k : (i + 1) * k]]
         medium, locality = self.media[run.tier]
-        return BlockRemoved(block_hashes=hashes, medium=medium, group_idx=0, locality=locality)
+        return BlockRemoved(
+            block_hashes=hashes, medium=medium, group_idx=self.group, locality=locality
+        )

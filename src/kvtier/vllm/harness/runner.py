@@ -377,6 +377,11 @@ def _inspect_states(conn: Any) -> dict[str, Any]:
             "tier_states": {t.name: len(t.index) for t in states.stack.tiers},
             "hits": list(states.recent_hits),
             "pending_jobs": states.cache.has_pending_jobs(),
+            "tier_keys": {
+                t.name: sorted(k.hex() for k in t.index.ready_keys())
+                for t in states.stack.tiers
+                if not t.shared
+            },
         }
     }
 
@@ -397,6 +402,7 @@ def _inspect_events(conn: Any, keys: bool) -> dict[str, Any]:
             "announced": {
                 t.name: conn.events.log.announced[i] for i, t in enumerate(m.tiers) if not t.shared
             },
+            "group": conn.events.group,
         }
     return out
 
