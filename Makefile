@@ -21,8 +21,8 @@ test-floors: setup
 	scripts/test_floors.sh
 
 lint: setup
-	.venv/bin/ruff check src tests benchmarks
-	.venv/bin/ruff format --check src tests benchmarks
+	.venv/bin/ruff check src tests benchmarks examples
+	.venv/bin/ruff format --check src tests benchmarks examples
 	.venv/bin/mypy
 	.venv/bin/mkdocs build --strict --quiet --site-dir .site
 

@@ -5,14 +5,34 @@ processes) and the fault wrapper, off (it must pass everything) and on (failures
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
 from kvtier.conformance import BuiltTier, CaseContext, KindCase, Tamper, TierConformance
 from kvtier.keys import Key, rank_key
-from kvtier.stack.registry import tier_kinds
+from kvtier.stack.registry import register_tier_kind, tier_kinds
 from kvtier.tiers.memory import MemoryOptions
 from kvtier.tiers.shared import drop_shared_space, shared_space
 from redis_fixtures import cluster, flush, redis_tamper, server  # noqa: F401  (fixtures)
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "examples" / "template_tier.py"
+
+
+def _register_template() -> str:
+    """Register examples/template_tier.py's kind as a plugin would (once per process)."""
+    spec = importlib.util.spec_from_file_location("template_tier", TEMPLATE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    if module.NAME not in tier_kinds():
+        register_tier_kind(module.KIND)
+    return str(module.NAME)
+
+
+TEMPLATE_KIND = _register_template()
 
 SECRET = hashlib.sha256(b"conformance tenant").hexdigest()
 FAULTS = {"seed": 3, "read_fail_rate": 0.2, "write_fail_rate": 0.2, "slow_rate": 0.05}
@@ -68,6 +88,10 @@ class TestEveryKind(TierConformance):
         KindCase("disk", disk),
         KindCase("memory", {"kind": "memory"}),
         KindCase("memory-shared", shared_memory, tamper=memory_tamper),
+        # The template medium a new kind starts from (examples/template_tier.py).
+        KindCase("template", {"kind": TEMPLATE_KIND}),
+        KindCase("template-wipe", {"kind": TEMPLATE_KIND, "wipe_on_close": True}),
+        KindCase("template+faults", {"kind": TEMPLATE_KIND, "faults": FAULTS}, faulty=True),
         KindCase("redis", redis("server"), tamper=redis_tamper),
         KindCase("redis-cluster", redis("cluster"), tamper=redis_tamper),
         KindCase("redis-mac", redis("server", "mac"), tamper=redis_tamper),

@@ -152,7 +152,7 @@ def seal(
 
 
 def unseal(
-    value: bytes | None,
+    value: bytes | bytearray | None,
     key: Key,
     namespace: bytes,
     length: int,
