@@ -12,8 +12,8 @@ bytes objects), where the Python path converts the ids, calls :func:`chain` and 
 
 Two implementations give byte-identical output: ``_keychain.c`` (built by ``pip install``
 as an optional extension, loaded with ctypes, one call per chain) and the ``blake3``
-package (one call per chunk: about 1 us each, 8 ms for a 128k-token request of 16-token
-chunks). ``KVTIER_KEYS_NATIVE=0`` in the environment forces the package path.
+package (one call per chunk, several times slower: docs/benchmarks.md, "Measurements
+behind design choices"). ``KVTIER_KEYS_NATIVE=0`` in the environment forces the package path.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Sealing ahead: a second thread seals a batch's values while the sending thread sends.
 
-A sealed store spends its time on its crypto (AES-GCM ~10 GB/s, keyed BLAKE3 ~5 GB/s per
-CPU second here) and on the send (the kernel's copy). Both release the interpreter, so two
-threads can do them at once: while the sender sends value j, the helper seals values after
-j.
+A sealed store spends its time on its crypto (AES-GCM or keyed BLAKE3) and on the send
+(the kernel's copy): docs/security-costs.md has the measured split. Both release the
+interpreter, so two threads can do them at once: while the sender sends value j, the
+helper seals values after j.
 
 The split is dynamic, and every value is sealed exactly once, by whichever thread gets to
 it first:

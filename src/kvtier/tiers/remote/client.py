@@ -86,8 +86,8 @@ CLUSTER_SLOTS = 16384
 
 COUNT_WINDOW = 1024
 """Names per counting EXISTS of a probe. A probe sends its windows pipelined, so the
-server counts one window while the next is packed: a 4,096-name probe took ~3.2 ms as one
-EXISTS here and ~2.3 ms as four."""
+server counts one window while the next is packed (a 4,096-name probe is faster as four
+windows than as one EXISTS: docs/benchmarks.md, "Measurements behind design choices")."""
 
 COUNT_DEPTH = 16
 """Counting EXISTS in flight at once; a longer chain goes on in further groups only while
@@ -265,7 +265,7 @@ class RemoteClient:
         is no longer), and only when that too falls short does the Lua probe look for the
         first miss. A chain present whole (the usual hit) or a present prefix with an
         absent tail (the usual partial hit) costs one or two round trips; the Lua loop,
-        which builds every name on the server, takes ~3.4 ms for 4,096 chunks.
+        which builds every name on the server, is the slow path (docs/benchmarks.md).
         The names are built as rows of an array; hiredis packs the command, redis-py's
         pool and parser carry it (no protocol bytes are made here). A cluster counts each
         group of chunks (one slot: :meth:`_leading_cluster`); pipelined EXISTS of every
@@ -315,8 +315,8 @@ class RemoteClient:
     ) -> list[int]:
         """How many of each window's chunk names (every rank) exist: one multi-key EXISTS
         a window, all pipelined on one pooled connection, each packed by hiredis in one
-        call. redis-py's ``execute_command`` would first walk every argument in Python
-        (~1.5 ms of a 4,096-name probe that takes ~1 ms on the server)."""
+        call. redis-py's ``execute_command`` would first walk every argument in Python,
+        costing more than the server's own work on the probe (docs/benchmarks.md)."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
@@ -397,8 +397,8 @@ def _connection_class(target: RemoteTarget, tls: TLSFiles | None) -> type[Any]:
 
 def _names(prefix: bytes, mids: bytes, width: int, suffixes: Sequence[bytes]) -> list[bytes]:
     """Every chunk's name under every suffix (suffix by suffix), built as rows of one array
-    per suffix (names of one suffix have one length): ~0.2 ms for 4,096 names where
-    concatenating them one by one took ~1.5 ms."""
+    per suffix (names of one suffix have one length): several times faster than
+    concatenating them one by one (docs/benchmarks.md)."""
     n = len(mids) // width
     mid = np.frombuffer(mids, dtype=np.uint8).reshape(n, width)
     names: list[bytes] = []

@@ -88,7 +88,7 @@ def purge_pattern(namespace_text: str | None, model: str | None, secret: bytes |
 
 class _Cmac:
     """AES-CMAC of many 32-byte messages at once (two ECB passes): a keyed name costs about
-    as little as a hex one, where a keyed hash per key took ~1 us each."""
+    as little as a hex one, where a keyed hash per key costs a Python call each."""
 
     def __init__(self, key: bytes) -> None:
         self._ecb = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
@@ -138,8 +138,8 @@ class KeySpace:
     def mids(self, keys: Sequence[Key]) -> bytes:
         """The middle parts of the chunks' names, concatenated: chunk i's names are
         ``prefix + mids[i * width : (i + 1) * width] + suffix(rank)``. One call for the
-        whole chain (the rows of one array): a 4,096-chunk probe builds it in ~0.1 ms, key
-        by key it took ~0.4 ms."""
+        whole chain (the rows of one array), a few times faster than key by key
+        (docs/benchmarks.md, "Measurements behind design choices")."""
         n = len(keys)
         raw = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(n, KEY_BYTES)
         if self._cmac is not None:

@@ -54,13 +54,10 @@ values and 0.6x at 256 KiB (a thread hand-off per value costs more than it overl
 
 SEAL_AHEAD_BYTES = 256 << 10
 """Sealed values at least this long are sealed ahead on a second thread while the sender
-sends (:mod:`kvtier.tiers.remote.ahead`); shorter ones inline. Both ways in the same runs
-(``benchmarks/remote_tier.py --inline-sealing``, three runs on this heavily shared 2-core
-machine, the server on the same cores), store ratio medians ahead against inline: 256 KiB
-values 0.62-0.70 against 0.58-0.66 with AES-GCM, 0.65-0.76 against 0.60-0.69 with a MAC;
-1 and 4 MiB values within noise of each other (0.71-0.81 against 0.72-0.80 with AES-GCM),
-worst rounds at 1 MiB 0.60-0.77 against 0.47-0.75. Below 256 KiB (not measured) a hand-off
-per value weighs more per byte."""
+sends (:mod:`kvtier.tiers.remote.ahead`); shorter ones inline, where a hand-off per value
+weighs more per byte. The measurement behind the threshold
+(``benchmarks/remote_tier.py --inline-sealing``) is in docs/benchmarks.md, "Measurements
+behind design choices"."""
 
 SUSPECTS_MAX = 1 << 16
 """Names remembered as holding a bad value (forgotten all at once past this)."""

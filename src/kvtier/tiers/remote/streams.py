@@ -85,7 +85,7 @@ class _Conns:
             start = name.find(b"{")  # kvtier's names always carry a non-empty tag
             tag = name[start : name.find(b"}", start)] if start >= 0 else name
             n = self.node_of.get(tag)
-            if n is None:  # the library's slot and node lookup: ~10 us a name
+            if n is None:  # the library's slot and node lookup is slow: once per tag
                 n = self.node_of[tag] = c.nodes_manager.get_node_from_slot(c.keyslot(name))
             node = n.name
         else:
@@ -228,9 +228,10 @@ def _send_each(
 
 
 def exists_each(client: Any, cluster: bool, names: Sequence[bytes]) -> list[bool]:
-    """Whether each name exists: every EXISTS sent first, then the replies read (~1 ms for
-    512 names; the library's pipeline took ~2 ms, its cluster pipeline ~6 ms). An error
-    reply (a slot that moved) counts as absent."""
+    """Whether each name exists: every EXISTS sent first, then the replies read (faster
+    than the library's pipeline and much faster than its cluster pipeline: docs/benchmarks.md,
+    "Measurements behind design choices"). An error reply (a slot that moved) counts as
+    absent."""
     conns = _Conns(client, cluster)
     try:
         _send_each(conns, "EXISTS", names)
