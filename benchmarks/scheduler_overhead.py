@@ -49,7 +49,7 @@ single-tier hit (all HOST) and a mixed one (first half HOST, second half DISK):
     on its own (``observe 1st``: the chain's first reuse, which promotes it; ``observe
     again``: a later reuse), on fresh indexes holding the chain.
 
-(c) *Tier events* (``--kv-events-config`` on; :mod:`kvtier.events`), per case: the (b)
+(c) *Tier events* (``--kv-events-config`` on; :mod:`kvtier.tier_events`), per case: the (b)
     region with the event log attached to every tier and the connector's per-lookup event
     call (``announce_held``, O(1) unless restored chunks are still unannounced) in the timed
     region, against the same region with no log, in alternate iterations of one loop (both
@@ -139,7 +139,6 @@ from common import (
 from connector_step import RUNNING, measure_connector_step
 from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
 from kvtier.config import KVTierConfig, SyncBudget
-from kvtier.events import TierEvents
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
 from kvtier.layout import KVLayout
@@ -151,6 +150,7 @@ from kvtier.stack.build import build_stack
 from kvtier.stack.kinds import TierContext
 from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
+from kvtier.tier_events import TierEvents
 from kvtier.tiers.disk.kind import DiskOptions
 from kvtier.tiers.index import SlotIndex
 from request_lifecycle import STEP_TOKENS, VARIANTS, measure_run

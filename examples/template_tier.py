@@ -45,7 +45,7 @@ from kvtier.sources import HitSource
 from kvtier.stack.kinds import Capabilities, TierContext, TierKind, fixed
 from kvtier.stack.spec import TierOptions, TierSpec
 from kvtier.tiers.base import Segments, SlotStore, TierIndex
-from kvtier.tiers.envelope import HEADER_BYTES, seal, unseal
+from kvtier.tiers.envelope import HEADER_BYTES, unwrap, wrap
 from kvtier.tiers.index import SlotIndex
 
 NAME = "template"
@@ -86,7 +86,7 @@ class TemplateStore(SlotStore):
                 payload[off : off + seg.numel()].copy_(seg.reshape(-1))
             parent = parents[i] if parents is not None else None
             ok.append(
-                self._put(slot, seal(key, parent, self._namespace, payload.numpy().tobytes()))
+                self._put(slot, wrap(key, parent, self._namespace, payload.numpy().tobytes()))
             )
         return ok
 
@@ -95,7 +95,7 @@ class TemplateStore(SlotStore):
     ) -> list[bool]:
         ok = []
         for slot, key, segments in zip(slots, keys, dst, strict=True):
-            payload = unseal(self._get(slot), key, self._namespace, self.slot_bytes)
+            payload = unwrap(self._get(slot), key, self._namespace, self.slot_bytes)
             if payload is None:  # absent, another key or namespace, or damaged
                 ok.append(False)
                 continue

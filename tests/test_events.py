@@ -1,4 +1,4 @@
-"""The tier event log (kvtier.events) over real tiers driven by the mini engine.
+"""The tier event log (kvtier.tier_events) over real tiers driven by the mini engine.
 
 Oracle: replaying the log's runs (a store adds its chunks, a removal takes them away) must
 give exactly each tier index's readable keys, whatever the workload, faults, edge rules and
@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig, SyncBudget
-from kvtier.events import EventRun, TierEvents
 from kvtier.keys import Key, chunk_keys
 from kvtier.policies import make_eviction_policy
 from kvtier.sources import HitSource
 from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
+from kvtier.tier_events import EventRun, TierEvents
 from kvtier.tiers.faulty import FaultPlan
 from kvtier.tiers.index import SlotIndex, store_at_once
 from mini_engine import MiniEngine

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from cut_proxy import CutProxy
 from kvtier.keys import Namespace, chunk_keys
-from kvtier.tiers.envelope import HEADER_BYTES, unseal
+from kvtier.tiers.envelope import HEADER_BYTES, unwrap
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.remote.streams import JOIN_BELOW, PART_BYTES
@@ -65,7 +65,7 @@ def _check_whole(held: dict[bytes, bytes], data: torch.Tensor = DATA) -> set[int
     for k, v in held.items():
         assert k in names, f"a key nobody wrote: {k!r}"
         i = names.index(k)
-        payload = unseal(v, KEYS[i], NS.digest(), SLOT, tail=True)
+        payload = unwrap(v, KEYS[i], NS.digest(), SLOT, tail=True)
         assert payload is not None, f"{k!r} holds a half or invalid value ({len(v)} bytes)"
         assert bytes(payload) == data[i].numpy().tobytes()
         present.add(i)

@@ -19,7 +19,7 @@ from kvtier.errors import ConfigError
 from kvtier.jobs import WorkerReport
 from kvtier.keys import GROUP_CHUNKS, KEY_BYTES, TAG_BYTES, Namespace
 from kvtier.metrics import Metrics, PrometheusExporter
-from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, parse_envelope, seal, unseal
+from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, parse_envelope, unwrap, wrap
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, ValueAuth, subkey
 from kvtier.tiers.remote.client import RemoteUnavailable
@@ -70,7 +70,7 @@ def forged(raw_value: bytes, mode: str) -> bytes:
         plain = raw_value[:-MAC_BYTES]
         env = parse_envelope(plain[-HEADER_BYTES:])
         assert env is not None
-        evil = seal(env.key, env.parent, env.namespace, bytes(env.length), tail=True)
+        evil = wrap(env.key, env.parent, env.namespace, bytes(env.length), tail=True)
         return evil + raw_value[-MAC_BYTES:]
     return bytes(len(raw_value))
 
@@ -561,7 +561,7 @@ def test_sealed_values_skip_the_payload_checksum_that_plain_tiers_need(server): 
 def test_tagged_envelopes_open_only_for_a_caller_that_checked_the_tag():
     key, ns, body = chain(1, salt=72)[0], NAMESPACE.digest(), bytes(range(256)) * 4
     tagged = body + pack_envelope(key, None, ns, 0, len(body), 0, tagged=True)
-    assert unseal(tagged, key, ns, len(body), tail=True) is None
-    assert bytes(unseal(tagged, key, ns, len(body), tail=True, tag_checked=True) or b"") == body
+    assert unwrap(tagged, key, ns, len(body), tail=True) is None
+    assert bytes(unwrap(tagged, key, ns, len(body), tail=True, tag_checked=True) or b"") == body
     with pytest.raises(ValueError, match="no payload checksum"):
         pack_envelope(key, None, ns, 0, len(body), 1, tagged=True)

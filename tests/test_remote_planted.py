@@ -199,7 +199,7 @@ def test_key_secret_alone_stops_rewrites_of_existing_values(server):  # noqa: F8
     from kvtier.keys import Namespace, chunk_keys
     from kvtier.stack.build import build_stores
     from kvtier.stack.kinds import TierContext
-    from kvtier.tiers.envelope import HEADER_BYTES, parse_envelope, seal
+    from kvtier.tiers.envelope import HEADER_BYTES, parse_envelope, wrap
 
     flush(server.url)
     ns = Namespace("model", "layout", "tp1pp1", "tenant", secret=b"k" * 32)
@@ -218,7 +218,7 @@ def test_key_secret_alone_stops_rewrites_of_existing_values(server):  # noqa: F8
             for at in (len(value) - HEADER_BYTES, len(value) - HEADER_BYTES - 32):
                 env = parse_envelope(value[at : at + HEADER_BYTES])
                 if env is not None:
-                    forged = seal(env.key, env.parent, env.namespace, evil, tail=True)
+                    forged = wrap(env.key, env.parent, env.namespace, evil, tail=True)
                     raw.set(name, forged + value[at + HEADER_BYTES :])
                     break
             else:

@@ -23,7 +23,7 @@ from kvtier.stack.stack import TierStack
 
 CopyHook = Callable[[Sequence[Key], int], None]
 """Told ``(keys, start)`` before ``keys[start:]``, the rest of a finished transfer of chain
-``keys``, are copied on to the tier below (:meth:`kvtier.events.TierEvents.copying`)."""
+``keys``, are copied on to the tier below (:meth:`kvtier.tier_events.TierEvents.copying`)."""
 
 
 def _no_copy_hook(keys: Sequence[Key], start: int) -> None:

@@ -27,7 +27,7 @@ back the wrong value for a key. Parsing never trusts a field it has not checked.
 A *tagged* envelope (flag bit 2) has no payload checksum (the field is 0): it travels inside
 a remote value whose MAC or AES-GCM tag covers the envelope and the payload
 (:mod:`kvtier.tiers.remote.auth`), which detects everything the checksum would, so the
-checksum's pass over the payload is skipped on both ends. :func:`unseal` accepts a tagged
+checksum's pass over the payload is skipped on both ends. :func:`unwrap` accepts a tagged
 envelope only from a caller that checked that tag (``tag_checked``); anywhere else it is
 a bad value.
 """
@@ -141,7 +141,7 @@ def parse_envelope(data: bytes | bytearray | memoryview) -> Envelope | None:
     return Envelope(key, parent if linked else None, unknown, ns, seq, length, psum, tagged)
 
 
-def seal(
+def wrap(
     key: Key, parent: Key | None, namespace: bytes, payload: bytes, *, tail: bool = False
 ) -> bytes:
     """Envelope + payload as one value (what a key-addressed store keeps under a key);
@@ -151,7 +151,7 @@ def seal(
     return payload + env if tail else env + payload
 
 
-def unseal(
+def unwrap(
     value: bytes | bytearray | None,
     key: Key,
     namespace: bytes,

@@ -98,7 +98,7 @@ class SlotIndex:
         """Told of every change of the policy's order, so a no-op touch is skipped."""
         self.listener: IndexListener | None = None
         """Told when a key becomes readable, stops being readable, or leaves (tier events,
-        :mod:`kvtier.events`); None (default) costs one test per change."""
+        :mod:`kvtier.tier_events`); None (default) costs one test per change."""
 
     # -- queries ---------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ Three parts, as a remote store (Redis, next) will have them:
   keys in one batch and stops at the first miss (a chunk counts only when every rank stored
   it); optionally it answers PENDING until a probe delay has passed, as a network probe
   running off the scheduler's thread would.
-- :class:`SharedStore`, a worker's data plane: writes seal the payload (skipping keys
-  already present: another engine stored them), reads unseal and check it; a missing or
-  bad value fails that chunk, which the engine recomputes.
+- :class:`SharedStore`, a worker's data plane: writes wrap the payload in its envelope
+  (skipping keys already present: another engine stored them), reads unwrap and check it;
+  a missing or bad value fails that chunk, which the engine recomputes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from kvtier.keys import Key, rank_key
 from kvtier.tiers.base import PENDING, KeyAddressedIndex, Pending, Segments, SlotStore
-from kvtier.tiers.envelope import seal, unseal
+from kvtier.tiers.envelope import unwrap, wrap
 
 
 class SharedSpace:
@@ -193,7 +193,7 @@ class SharedStore(SlotStore):
             for off, seg in chunk:
                 buf[off : off + seg.numel()].copy_(seg.reshape(-1).cpu())
             parent = parents[i] if parents else None
-            value = seal(key, parent, self.namespace, buf.numpy().tobytes())
+            value = wrap(key, parent, self.namespace, buf.numpy().tobytes())
             items.append((rank_key(key, self.rank), value))
         return self.space.put_many(items)
 
@@ -203,7 +203,7 @@ class SharedStore(SlotStore):
         values = self.space.get_many([rank_key(k, self.rank) for k in keys])
         ok = []
         for key, value, chunk in zip(keys, values, dst, strict=True):
-            payload = unseal(value, key, self.namespace, self.slot_bytes)
+            payload = unwrap(value, key, self.namespace, self.slot_bytes)
             if payload is None:
                 self.bad_reads += 1
                 ok.append(False)

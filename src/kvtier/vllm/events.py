@@ -1,6 +1,6 @@
 """kvtier's tier events as vLLM KV events (``BlockStored`` / ``BlockRemoved``).
 
-:class:`ConnectorEvents` joins the engine-agnostic log (:mod:`kvtier.events`) to vLLM: it
+:class:`ConnectorEvents` joins the engine-agnostic log (:mod:`kvtier.tier_events`) to vLLM: it
 learns each planned store's identity from the request (its token ids and the block hashes
 vLLM computed for it), and turns the log's runs into vLLM's own event classes, which the
 scheduler publishes after the engine's events of the step (``KVConnectorBase_V1.
@@ -45,11 +45,11 @@ from vllm.v1.core.kv_cache_utils import (
 )
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 
-from kvtier.events import EventRun, TierEvents
 from kvtier.keys import Key
 from kvtier.manager import CacheManager, chain_keys
 from kvtier.stack.stack import StackTier
 from kvtier.stack.states import StateCache
+from kvtier.tier_events import EventRun, TierEvents
 from kvtier.vllm.state_events import StateEvents
 
 if TYPE_CHECKING:

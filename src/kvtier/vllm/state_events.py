@@ -15,7 +15,7 @@ block per recurrent group: the block that ends at the state's boundary (its hash
 ``B`` tokens, the previous block's hash as parent, ``block_size`` B), with the group's
 ``group_idx`` and kind, in the tier's medium. A state leaving a tier (with its attention
 chunk, a failed check, a drop, a reset) is a ``BlockRemoved`` of those hashes with the
-group's ``group_idx``. The bookkeeping is :class:`kvtier.events.TierEvents` over the state
+group's ``group_idx``. The bookkeeping is :class:`kvtier.tier_events.TierEvents` over the state
 stack: a state is the one-key "chunk" named by the attention chunk that ends at its
 boundary.
 """
@@ -28,9 +28,9 @@ from typing import Any
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
 
-from kvtier.events import EventRun, TierEvents
 from kvtier.keys import Key
 from kvtier.stack.states import StateCache, state_key
+from kvtier.tier_events import EventRun, TierEvents
 
 
 class StateEvents:

@@ -37,7 +37,7 @@ import torch
 
 from kvtier.keys import Key
 from kvtier.tiers.base import Segments, SlotStore
-from kvtier.tiers.envelope import HEADER_BYTES, unseal
+from kvtier.tiers.envelope import HEADER_BYTES, unwrap
 from kvtier.tiers.remote.ahead import Inline, SealAhead, Work
 from kvtier.tiers.remote.auth import MODE_MAC, ValueAuth
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
@@ -323,12 +323,12 @@ class RemoteStore(SlotStore):
             return False  # missing by now (or an empty value): healed, not counted
         plain: bytes | None = value
         if self.auth is not None:
-            # unseal reads any buffer: the opened value may be a view of a reused buffer.
+            # unwrap reads any buffer: the opened value may be a view of a reused buffer.
             plain = cast("bytes | None", self.auth.open(name, value))
             if plain is None:
                 self.auth_failures += 1
                 return False
-        payload = unseal(
+        payload = unwrap(
             plain,
             key,
             self.namespace,
