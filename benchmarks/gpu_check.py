@@ -61,9 +61,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import format_table, machine_info, write_json
+from kvtier.contract import Segments, SlotStore
 from kvtier.jobs import JobKind, StepPlan, TransferJob
 from kvtier.keys import KEY_BYTES, NS_BYTES, Key
-from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.transfer import KVRegions, TransferEngine, alloc_host_buffer

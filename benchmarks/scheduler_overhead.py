@@ -139,6 +139,8 @@ from common import (
 from connector_step import RUNNING, measure_connector_step
 from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
 from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.contract.kind import TierContext
+from kvtier.contract.spec import TierSpec
 from kvtier.events import TierEvents
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
@@ -148,8 +150,6 @@ from kvtier.policies import EvictionPolicy, make_eviction_policy
 from kvtier.policies.defaults import tier_eviction_name
 from kvtier.sources import HitRun, HitSource, hit_sources
 from kvtier.stack.build import build_stack
-from kvtier.stack.kinds import TierContext
-from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
 from kvtier.tiers.disk.kind import DiskOptions
 from kvtier.tiers.index import SlotIndex

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.config import KVTierConfig
+from kvtier.contract.spec import TierSpec
 from kvtier.stack.registry import tier_kind, tier_kinds
-from kvtier.stack.spec import TierSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvtier.contract.faults import FaultPlan, parse_faults
+from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError
 from kvtier.options import (
     boolean,
@@ -27,10 +29,8 @@ from kvtier.options import (
     text,
 )
 from kvtier.policies.registry import DEFAULT_EVICTION, eviction_names
-from kvtier.stack.parse import parse_tiers, resolved
+from kvtier.stack.parse import parse_common, parse_tiers, resolved
 from kvtier.stack.registry import tier_kind
-from kvtier.stack.spec import TierSpec
-from kvtier.tiers.fault_plan import FaultPlan, parse_faults
 from kvtier.units import parse_size
 
 WritePolicy = Literal["write-through", "write-back"]
@@ -373,8 +373,9 @@ def _flat(flat_key: str) -> Any:
     def parse(value: object, name: str) -> Any:
         if flat_key == "disk_path" and value == "":
             return None  # an empty disk_path disables the disk tier, as null does
-        cls = TierSpec if key in option_keys(TierSpec) else tier_kind(kind).options
-        return parse_fields(cls, {key: value}, lambda _: name)[key]
+        if key in option_keys(TierSpec):
+            return parse_common({key: value}, lambda _: name)[key]
+        return parse_fields(tier_kind(kind).options, {key: value}, lambda _: name)[key]
 
     if key == "capacity":
         parse.__name__ = "size"  # a byte size (the option reference prints it so)

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kvtier.contract import Segments, SlotStore
+from kvtier.contract.faults import FaultPlan
 from kvtier.keys import Key
-from kvtier.tiers.base import Segments, SlotStore
-from kvtier.tiers.fault_plan import FaultPlan
 
 __all__ = ["FaultPlan", "FaultyStore", "InjectedFault"]
 

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from kvtier import timeline
+from kvtier.contract import SlotStore
 from kvtier.jobs import JobResult, TransferJob
-from kvtier.tiers.base import SlotStore
 from kvtier.transfer.copy import copy_segments
 from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available

@@ -5,7 +5,7 @@ A plan is ``(kind, data)``, the cheapest way the job's stores allow:
 - ``"rows"``: the store moves whole rows of consecutive slots in one batched call per
   region (the CPU slab: one gather or scatter per region and run of slots);
 - ``"buffers"``: the store takes the chunks as flat address arrays
-  (:class:`~kvtier.tiers.base.Buffers`: the disk tier's native path, host-memory KV):
+  (:class:`~kvtier.contract.Buffers`: the disk tier's native path, host-memory KV):
   built with a few NumPy operations per job, where ``"segments"`` builds a tensor view
   per block and region (a 4k-token hit of a 30-layer model at 16-token chunks: 15,360
   views, ~30 ms of Python, slower still while the engine's thread wants the GIL);
@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvtier.contract import SlotStore
 from kvtier.jobs import TransferJob
-from kvtier.tiers.base import SlotStore
 from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.regions import KVRegions
 
