@@ -90,11 +90,37 @@ class SlotStore(ABC):
       a checksum). A failed write means the slot holds nothing valid.
     - Thread-safety: concurrent calls on *different* slots are allowed; the scheduler never
       lets two in-flight operations touch the same slot unless both read.
+
+    Optional copy paths: ``read`` and ``write`` are all a store must implement. A store may
+    also offer faster paths, each declared by a member below whose default means "not
+    offered"; the transfer engine (:mod:`kvtier.transfer.plans`) reads these declarations
+    and calls a path's methods only where its declaration says so:
+
+    - ``network``: where its jobs queue;
+    - :meth:`accepts_buffers`: :meth:`read_buffers` / :meth:`write_buffers` (addresses);
+    - ``host_payload``: :meth:`payload_segments` / :meth:`payload_buffers` (its slots are
+      host memory a tier-to-tier copy reads or writes in place);
+    - :meth:`supports_rows`: :meth:`store_rows` / :meth:`load_rows` (batched row copies);
+    - ``partial_reads``: a load may read part of a chunk (one layer) on its own.
+
+    A wrapper (the fault wrapper) declares what it forwards.
     """
 
     num_slots: int
     slot_bytes: int
     addressing: Literal["slot", "key"] = "slot"
+    network: bool = False
+    """Its copies wait on a network (a remote server): the transfer engine runs the jobs
+    touching it on lanes of their own, so a slow or dead server never holds up disk or
+    memory copies. False: local I/O or memory."""
+    host_payload: bool = False
+    """Its slots are this process's host memory: :meth:`payload_segments` and
+    :meth:`payload_buffers` answer, and a copy from or into another tier reads or writes
+    them in place (no scratch buffer). False: those methods raise."""
+    partial_reads: bool = False
+    """A read of part of a chunk's payload (some regions: one engine layer) is good on its
+    own, nothing checking the whole payload (memory), so a sync load may be copied layer by
+    layer. False: a read is only good whole (a disk chunk's checksum covers every layer)."""
 
     @abstractmethod
     def read(
@@ -114,9 +140,12 @@ class SlotStore(ABC):
         the whole payload. ``parents[i]`` is the key before ``keys[i]`` in its chain (None
         for a chain start); stores that survive restarts record it, others ignore it."""
 
+    # -- optional copy paths (see the class docstring); defaults: not offered -------------
+
     def accepts_buffers(self) -> bool:
         """Whether :meth:`read_buffers` and :meth:`write_buffers` move bytes by address
-        (stores that do implement them say True)."""
+        (stores that do implement them say True; a store may decide at run time, e.g. when
+        its native library is missing)."""
         return False
 
     def read_buffers(self, slots: Sequence[int], keys: Sequence[Key], dst: Buffers) -> list[bool]:
@@ -132,6 +161,40 @@ class SlotStore(ABC):
     ) -> list[bool]:
         """:meth:`write`, with the source given as :class:`Buffers` (no gaps)."""
         raise NotImplementedError(f"{type(self).__name__} does not write from addresses")
+
+    def payload_segments(self, slot: int) -> Segments:
+        """The payload of ``slot`` in place, as :data:`Segments` (``host_payload`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no payload in host memory")
+
+    def payload_buffers(self, slots: Sequence[int]) -> Buffers:
+        """The payloads of ``slots`` in place, as :class:`Buffers` (``host_payload``
+        only); ValueError for a slot out of range."""
+        raise NotImplementedError(f"{type(self).__name__} has no payload in host memory")
+
+    def supports_rows(self, engine_regions: Sequence[torch.Tensor]) -> bool:
+        """Whether :meth:`store_rows` / :meth:`load_rows` can copy between these engine
+        regions (one block-major tensor per KV region) and the store: one batched copy per
+        region and run of consecutive slots."""
+        return False
+
+    def store_rows(
+        self, engine_regions: Sequence[torch.Tensor], slab_row: int, blocks: torch.Tensor
+    ) -> None:
+        """Copy engine rows ``blocks`` of every region into store rows ``slab_row ..``
+        (a slot is ``blocks_per_chunk`` rows of each region). Raises on failure: the
+        whole copy failed."""
+        raise NotImplementedError(f"{type(self).__name__} has no row path")
+
+    def load_rows(
+        self,
+        engine_arrays: Sequence[np.ndarray],
+        slab_row: int,
+        blocks: np.ndarray,
+        only: Sequence[int] | None = None,
+    ) -> None:
+        """Copy store rows ``slab_row ..`` of every region (or of the regions ``only``
+        lists) into engine rows ``blocks``. Raises on failure: the whole copy failed."""
+        raise NotImplementedError(f"{type(self).__name__} has no row path")
 
     def take_counters(self) -> dict[str, float]:
         """Counts of tier-specific events (kvtier metric names, e.g. bad remote values)

@@ -41,7 +41,13 @@ class CpuSlab(SlotStore):
     which are the ones the index hands out first (:class:`~kvtier.transfer.host_memory.
     HostBuffer`); start-up does not grow with the tier's size. Memory copies cannot fail,
     so every chunk succeeds; the per-chunk result exists for the contract's sake.
+
+    Offers every optional copy path of the contract but addresses (``host_payload``,
+    ``partial_reads``, the row path for host-memory engine KV).
     """
+
+    host_payload = True
+    partial_reads = True
 
     def __init__(
         self,
@@ -146,7 +152,7 @@ class CpuSlab(SlotStore):
         copy_segments(slab_views, seg_views, non_blocking=self._non_blocking)
         return [True] * len(slots)
 
-    def payload_segments(self, slot: int) -> list[tuple[int, torch.Tensor]]:
+    def payload_segments(self, slot: int) -> Segments:
         """The payload of ``slot`` as ``(offset, view)`` pairs, one per region (for copies
         from this tier to another)."""
         bpc = self.blocks_per_chunk

@@ -33,6 +33,9 @@ class KVRegions:
     stay owned by the engine and must outlive this object.
     """
 
+    grouped = False
+    """One block table (:class:`~kvtier.transfer.groups.GroupedRegions` says True)."""
+
     def __init__(
         self,
         regions: Sequence[torch.Tensor],
