@@ -39,7 +39,8 @@ from typing import Any
 
 from common import stats_ns
 from kvtier import keyhash
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.contract.kind import TierContext
 from kvtier.contract.spec import TierSpec
 from kvtier.jobs import JobResult, StepPlan, WorkerReport

@@ -138,7 +138,8 @@ from common import (
 )
 from connector_step import RUNNING, measure_connector_step
 from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.contract.kind import TierContext
 from kvtier.contract.spec import TierSpec
 from kvtier.events import TierEvents

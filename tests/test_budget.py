@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.budget import BudgetTracker
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import BudgetTracker, SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.contract.kind import TierContext
 from kvtier.contract.spec import TierSpec
 from kvtier.keys import Namespace

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import EVICTION_POLICIES, WRITE_POLICIES, KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import EVICTION_POLICIES, WRITE_POLICIES, KVTierConfig
 from kvtier.contract.kind import TierContext
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace

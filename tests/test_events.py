@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.contract.spec import TierSpec
 from kvtier.events import EventRun, TierEvents
 from kvtier.keys import Key, chunk_keys

@@ -12,7 +12,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.contract import PENDING
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyChain, Namespace, chunk_keys, rank_key

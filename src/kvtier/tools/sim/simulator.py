@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.contract.kind import TierContext
 from kvtier.contract.spec import TierOptions, TierSpec
 from kvtier.errors import ConfigError
