@@ -224,6 +224,28 @@ def test_no_arrow_from_the_tiers_up_to_orchestration():
     assert not sorted(ALLOWED_UPWARD - upward), "stale allow-list entries"
 
 
+def test_no_path_from_the_tiers_up_to_orchestration():
+    """Nor through a module outside both (a tier imports a helper that imports the
+    config), but for the allowed edges."""
+    graph = full_graph()
+    wrong = []
+    for root in graph:
+        if not within(root, STORAGE, CONTRACT):
+            continue
+        seen, todo = {root}, [root]
+        while todo:
+            m = todo.pop()
+            for d in graph[m]:
+                if (m, d) in ALLOWED_UPWARD or d in seen:
+                    continue
+                if within(d, *ORCHESTRATION):
+                    wrong.append(f"{root} reaches {d} through {m}")
+                    continue
+                seen.add(d)
+                todo.append(d)
+    assert not wrong, sorted(wrong)
+
+
 def test_the_layer_rule_sees_an_upward_arrow():
     """The rule would catch a tier importing the config (the check is not vacuous)."""
     graph = full_graph()
