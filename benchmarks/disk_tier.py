@@ -79,8 +79,8 @@ from common import (
 )
 from disk_scan import HAS_FADVISE, NS, run_scan, scan_table
 from disk_ttft import vllm_disk_ttft
+from kvtier.contract import Buffers
 from kvtier.keys import KEY_BYTES
-from kvtier.tiers.base import Buffers
 from kvtier.tiers.disk.format import slab_file_name
 from kvtier.tiers.disk.native import native_io
 from kvtier.tiers.disk.slab import DiskSlab

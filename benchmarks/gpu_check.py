@@ -61,9 +61,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import format_table, machine_info, write_json
+from kvtier.contract import Segments, SlotStore
 from kvtier.jobs import JobKind, StepPlan, TransferJob
 from kvtier.keys import KEY_BYTES, NS_BYTES, Key
-from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.transfer import KVRegions, TransferEngine, alloc_host_buffer
@@ -171,13 +171,13 @@ class GarbageFirst(SlotStore):
     """A store whose reads first fill the destination rows of payload range
     ``[lo, hi)`` (one region: one layer's K) with garbage and stall, then copy: a slow copy
     of one layer, caught half done. Whatever reads those rows before the copy finished
-    reads garbage. Keeps the inner store's ``supports_rows`` (a memory store: splits by
-    region)."""
+    reads garbage. Keeps the inner store's ``partial_reads`` (a memory store: a load
+    splits by region) and row path."""
 
     def __init__(self, inner: CpuSlab, lo: int, hi: int, device: torch.device, stall_s: float):
         self.inner = inner
         self.num_slots, self.slot_bytes = inner.num_slots, inner.slot_bytes
-        self.supports_rows = inner.supports_rows
+        self.partial_reads = inner.partial_reads
         self.lo, self.hi, self.device, self.stall_s = lo, hi, device, stall_s
         self.faults = 0
 
@@ -200,6 +200,9 @@ class GarbageFirst(SlotStore):
         parents: Sequence[Key | None] | None = None,
     ) -> list[bool]:
         return self.inner.write(slots, keys, src, parents)
+
+    def supports_rows(self, engine_regions: Sequence[torch.Tensor]) -> bool:
+        return self.inner.supports_rows(engine_regions)
 
     def close(self) -> None:
         self.inner.close()

@@ -85,8 +85,8 @@ import torch
 import xxhash
 
 from common import fmt_bytes, format_table, machine_info, write_json
+from kvtier.contract import Pending
 from kvtier.keys import Namespace, chunk_keys
-from kvtier.tiers.base import Pending
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore
 from kvtier.tiers.remote.auth import ValueAuth
 from kvtier.tiers.remote.keyspace import purge_pattern

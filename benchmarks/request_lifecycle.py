@@ -39,15 +39,16 @@ from typing import Any
 
 from common import stats_ns
 from kvtier import keyhash
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
+from kvtier.contract.spec import TierSpec
 from kvtier.jobs import JobResult, StepPlan, WorkerReport
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest
 from kvtier.policies.defaults import tier_eviction_name
 from kvtier.stack.build import build_stack
-from kvtier.stack.kinds import TierContext
-from kvtier.stack.spec import TierSpec
 from kvtier.tiers.index import store_at_once
 
 TOKENS = 128 << 10

@@ -138,7 +138,10 @@ from common import (
 )
 from connector_step import RUNNING, measure_connector_step
 from key_cost import LEGACY_SEED, legacy_chunk_keys, measure_key_cost
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
+from kvtier.contract.spec import TierSpec
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
 from kvtier.layout import KVLayout
@@ -147,8 +150,6 @@ from kvtier.policies import EvictionPolicy, make_eviction_policy
 from kvtier.policies.defaults import tier_eviction_name
 from kvtier.sources import HitRun, HitSource, hit_sources
 from kvtier.stack.build import build_stack
-from kvtier.stack.kinds import TierContext
-from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
 from kvtier.tier_events import TierEvents
 from kvtier.tiers.disk.kind import DiskOptions

@@ -29,11 +29,11 @@ import time
 import torch
 
 from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
 from kvtier.keys import Namespace
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
 from kvtier.manager import CacheManager
 from kvtier.stack.build import build_stack, build_stores
-from kvtier.stack.kinds import TierContext
 from kvtier.stack.states import StateCache, split_specs
 from kvtier.transfer.states import StateMover
 

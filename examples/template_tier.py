@@ -1,7 +1,7 @@
 """A template tier kind: copy this file to add a medium to kvtier.
 
 The medium here is a ``bytearray`` in this process (so the template runs anywhere); each
-slot holds one chunk sealed in kvtier's envelope (:mod:`kvtier.tiers.envelope`: key,
+slot holds one chunk wrapped in kvtier's envelope (:mod:`kvtier.tiers.envelope`: key,
 parent, namespace digest, payload checksum), so a read under the wrong key, by another
 namespace or of damaged bytes fails that chunk alone, as the contract asks. To write a
 real medium, replace :class:`TemplateStore`'s ``_put`` / ``_get`` with your medium's
@@ -18,15 +18,15 @@ kind") walks through each part.
 
 The four parts of a kind, in the order this file defines them:
 
-1. the worker side's :class:`~kvtier.tiers.base.SlotStore` (bytes in, bytes out, per
+1. the worker side's :class:`~kvtier.contract.SlotStore` (bytes in, bytes out, per
    chunk; thread-safe across different slots);
-2. the kind's options (a :class:`~kvtier.stack.spec.TierOptions` dataclass: one field
+2. the kind's options (a :class:`~kvtier.contract.TierOptions` dataclass: one field
    per key of the tier's config entry, with its parser and a docstring);
-3. the scheduler side's :class:`~kvtier.tiers.base.TierIndex`: a private medium that only
+3. the scheduler side's :class:`~kvtier.contract.TierIndex`: a private medium that only
    this engine writes reuses :class:`~kvtier.tiers.index.SlotIndex` (prefix-closed,
    pinned, evicting by the tier's policy); a shared one is a
-   :class:`~kvtier.tiers.base.KeyAddressedIndex` (see ``kvtier/tiers/shared.py``);
-4. the :class:`~kvtier.stack.kinds.TierKind` record: name, hit source, builders,
+   :class:`~kvtier.contract.KeyAddressedIndex` (see ``kvtier/tiers/shared.py``);
+4. the :class:`~kvtier.contract.TierKind` record: name, hit source, builders,
    default capacity, capabilities (what the stack may do with it), options.
 """
 
@@ -38,13 +38,21 @@ from dataclasses import dataclass
 
 import torch
 
+from kvtier.contract import (
+    Capabilities,
+    Segments,
+    SlotStore,
+    TierContext,
+    TierIndex,
+    TierKind,
+    TierOptions,
+    TierSpec,
+    fixed,
+)
 from kvtier.keys import Key
 from kvtier.options import boolean, option
 from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import Capabilities, TierContext, TierKind, fixed
-from kvtier.stack.spec import TierOptions, TierSpec
-from kvtier.tiers.base import Segments, SlotStore, TierIndex
 from kvtier.tiers.envelope import HEADER_BYTES, unwrap, wrap
 from kvtier.tiers.index import SlotIndex
 
@@ -57,9 +65,9 @@ DEFAULT_CAPACITY = 64 << 20
 
 
 class TemplateStore(SlotStore):
-    """``num_slots`` sealed slots in one ``bytearray``.
+    """``num_slots`` enveloped slots in one ``bytearray``.
 
-    Contract (:class:`~kvtier.tiers.base.SlotStore`): the caller owns the segments; a
+    Contract (:class:`~kvtier.contract.SlotStore`): the caller owns the segments; a
     failure fails its chunk only; a failed write leaves nothing readable in the slot; calls
     on different slots may run at once (each slot is a disjoint range of the array)."""
 
@@ -169,4 +177,4 @@ KIND = TierKind(
     fixed(Capabilities()),
     TemplateOptions,
 )
-"""The template medium: sealed slots in process memory."""
+"""The template medium: enveloped slots in process memory."""

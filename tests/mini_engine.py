@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import torch
 
 from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
+from kvtier.contract.spec import TierSpec
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, resolve_chunk_tokens
 from kvtier.stack.build import build_stack, build_stores
-from kvtier.stack.kinds import TierContext
-from kvtier.stack.spec import TierSpec
 from kvtier.tiers.disk.kind import DiskOptions
 from kvtier.tiers.faulty import FaultPlan
 from kvtier.transfer import KVRegions, TransferEngine

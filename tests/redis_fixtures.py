@@ -14,8 +14,8 @@ import torch
 from kvtier.conformance import CHUNK_BYTES as CONFORMANCE_CHUNK
 from kvtier.conformance import NAMESPACE as CONFORMANCE_NAMESPACE
 from kvtier.conformance import BuiltTier, Tamper
+from kvtier.contract import Pending, SlotStore, TierIndex
 from kvtier.keys import Key, Namespace, chunk_keys
-from kvtier.tiers.base import Pending, SlotStore, TierIndex
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tools.redis_server import RedisCluster, RedisServer, redis_available
 
@@ -164,7 +164,7 @@ def tier_roundtrip(entry: dict[str, object], n: int = 3, seed: int = 0) -> tuple
 def redis_tamper(tier: BuiltTier) -> Tamper:
     """Raw access to a conformance case's redis tier: its values by chunk name (keyed by
     the tier's secret, if any)."""
-    from kvtier.stack.kinds import TierContext
+    from kvtier.contract.kind import TierContext
     from kvtier.tiers.remote.kind import keyspace_for, options_of
 
     url = options_of(tier.spec).url

@@ -5,14 +5,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.budget import BudgetTracker
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import BudgetTracker, SyncBudget
+from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
+from kvtier.contract.spec import TierSpec
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager
 from kvtier.stack.build import build_stack
-from kvtier.stack.kinds import TierContext
-from kvtier.stack.spec import TierSpec
 
 LAYOUT = KVLayout.dense(2, 1, 4, "float32")  # 64 B per token
 CHUNK = 16

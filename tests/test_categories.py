@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.keys import Key, chunk_keys
 from kvtier.policies.adaptive import AdaptivePolicy
 from kvtier.policies.categories import CATEGORIES, CategoryReuse, category

@@ -1,5 +1,6 @@
 """The codebase rules that a reviewer would otherwise check by hand: size limits of the
-tier-stack issue, and which package may import vllm or touch CUDA."""
+tier-stack issue, which package may import vllm or touch CUDA, and that the copy path reads
+what a store declares instead of probing it."""
 
 from __future__ import annotations
 
@@ -56,3 +57,27 @@ def test_only_the_transfer_package_touches_cuda():
         if p.relative_to(SRC).parts[0] != "transfer" and "torch.cuda" in p.read_text()
     ]
     assert not outside, outside
+
+
+COPY_PATH = (
+    "transfer/plans.py",
+    "transfer/engine.py",
+    "transfer/layered.py",
+    "worker.py",
+    "tiers/faulty.py",
+)
+"""Where the copy path picks a store's copy paths (and the fault wrapper forwards them)."""
+
+
+def test_the_copy_path_does_not_probe_stores():
+    """A store's optional copy paths are declared members of ``SlotStore``
+    (docs/tiers.md): the copy path reads them, never ``getattr``/``hasattr``."""
+    probes = [
+        f"{name}:{node.lineno}"
+        for name in COPY_PATH
+        for node in ast.walk(ast.parse((SRC / name).read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+    ]
+    assert not probes, probes

@@ -4,12 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import EVICTION_POLICIES, WRITE_POLICIES, KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import EVICTION_POLICIES, WRITE_POLICIES, KVTierConfig
+from kvtier.contract.kind import TierContext
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 from kvtier.options import option_keys
 from kvtier.stack.build import build_stack
-from kvtier.stack.kinds import TierContext
 from kvtier.stack.parse import COMMON_KEYS
 from kvtier.stack.registry import tier_kind, tier_kinds
 from kvtier.units import format_size, parse_size

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import kvtier.tiers.disk.slab as disk_module
+from kvtier.contract import Buffers
 from kvtier.jobs import TransferJob
 from kvtier.keys import Namespace, chunk_keys
-from kvtier.tiers.base import Buffers
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.disk.native import native_io
 from kvtier.tiers.disk.slab import DiskSlab

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvtier.config import KVTierConfig
+from kvtier.contract import SlotStore
+from kvtier.contract.spec import TierSpec
 from kvtier.stack.registry import tier_kind, tier_kinds
-from kvtier.stack.spec import TierSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -116,3 +117,15 @@ HISTORY = re.compile(
 def test_docs_carry_no_development_history(page):
     found = HISTORY.findall(page.read_text())
     assert not found, f"{page.name}: development history belongs in CHANGELOG.md: {found}"
+
+
+def test_the_tier_contract_section_names_every_store_member():
+    """docs/tiers.md's contract section lists all a store declares, the optional copy
+    paths included: a new medium's author finds the whole contract there."""
+    text = (DOCS / "tiers.md").read_text()
+    section = text[text.index("## The tier contract") : text.index("## Faults")]
+    members = {n for n in vars(SlotStore) if not n.startswith("_")}
+    members |= set(SlotStore.__annotations__)
+    missing = sorted(n for n in members if f"`{n}" not in section)
+    assert not missing, f"docs/tiers.md, the tier contract: not named {missing}"
+    assert "host_payload" in members and "read" in members  # the check sees members

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.keys import chunk_keys
 from kvtier.policies.dueling import BUDGET, SHADOW_SLOTS, DuelingPolicy
 from kvtier.policies.eviction import LRUPolicy

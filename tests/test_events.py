@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
+from kvtier.contract.spec import TierSpec
 from kvtier.keys import Key, chunk_keys
 from kvtier.policies import make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
 from kvtier.tier_events import EventRun, TierEvents
 from kvtier.tiers.faulty import FaultPlan
@@ -178,9 +179,9 @@ def test_a_restored_tier_is_announced_only_as_lookups_name_it(tmp_path: Path) ->
 def test_off_means_no_listener_and_a_shared_tier_only_when_asked() -> None:
     """Without a log nothing listens; a shared tier is listened to only with shared=True,
     and then announces this engine's successful stores and failed checks."""
+    from kvtier.contract.kind import TierContext
     from kvtier.keys import Namespace, chunk_keys
     from kvtier.stack.build import build_stack
-    from kvtier.stack.kinds import TierContext
     from kvtier.stack.parse import tier_spec
 
     specs = (

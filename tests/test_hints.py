@@ -11,7 +11,8 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.hints import NO_HINTS, Hints, parse_hints
 from kvtier.metrics import Metrics
 from kvtier.sources import HitSource

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.keys import KeyChain
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
@@ -282,7 +283,7 @@ def _over_shared_memory(fault: FaultPlan | None) -> KVTierConfig:
     by every engine of this process); ``fault`` on the shared tier's reads."""
     import dataclasses
 
-    from kvtier.stack.spec import TierSpec
+    from kvtier.contract.spec import TierSpec
     from kvtier.tiers.memory import MemoryOptions
 
     shared = TierSpec(
@@ -369,12 +370,12 @@ def test_store_due_false_means_the_step_stores_nothing_for_the_request(ops):
     must only happen when the step would plan no store for it anyway. Four requests whose
     prompts share prefixes, a tier of 10 chunks (so stores evict each other's chunks),
     random limits, lookups or none, stores that succeed or fail."""
+    from kvtier.contract.kind import TierContext
     from kvtier.jobs import JobResult, WorkerReport
     from kvtier.keys import Namespace
     from kvtier.layout import KVLayout
     from kvtier.manager import CacheManager, ScheduledRequest
     from kvtier.stack.build import build_stack
-    from kvtier.stack.kinds import TierContext
 
     layout = KVLayout.dense(2, 1, 8, "float32")
     ns = Namespace("m", layout.digest())

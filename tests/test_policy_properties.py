@@ -8,7 +8,8 @@ from collections.abc import Iterator, Sequence
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import EVICTION_POLICIES, KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import EVICTION_POLICIES, KVTierConfig
 from kvtier.keys import Key, chunk_keys
 from kvtier.policies import make_eviction_policy
 from kvtier.policies.adaptive import AdaptivePolicy

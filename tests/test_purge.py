@@ -281,8 +281,8 @@ def _state_stores(url: str, root: Path, ns: Namespace, rank: int) -> dict[str, A
     """The state tiers' stores of one rank, as a hybrid engine's worker builds them
     (:func:`kvtier.stack.states.split_specs`): ``root/states`` on disk, the Redis server."""
     from kvtier.config import KVTierConfig
+    from kvtier.contract.kind import TierContext
     from kvtier.stack.build import build_stores
-    from kvtier.stack.kinds import TierContext
     from kvtier.stack.states import split_specs
 
     config = KVTierConfig.from_dict(

@@ -441,8 +441,8 @@ def test_a_secret_gone_at_build_time_stores_nothing(server, monkeypatch):  # noq
     """The secret checks out when the config is read and is gone when the tier is built
     (another process, another environment): building fails naming the option, and nothing
     was stored. The secret shows in no repr."""
+    from kvtier.contract.kind import TierContext
     from kvtier.stack.build import build_stack, build_stores
-    from kvtier.stack.kinds import TierContext
 
     flush(server.url)
     secret = "s" * 48

@@ -196,9 +196,9 @@ def test_key_secret_alone_stops_rewrites_of_existing_values(server):  # noqa: F8
     MACs its values under a secret derived from the key secret: the rewrite is refused,
     counted and healed, and the next store writes the honest value."""
     from kvtier.config import KVTierConfig
+    from kvtier.contract.kind import TierContext
     from kvtier.keys import Namespace, chunk_keys
     from kvtier.stack.build import build_stores
-    from kvtier.stack.kinds import TierContext
     from kvtier.tiers.envelope import HEADER_BYTES, parse_envelope, wrap
 
     flush(server.url)

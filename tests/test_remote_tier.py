@@ -110,10 +110,10 @@ def test_bad_remote_tier_entries(entry, fragment):
 
 
 def test_a_redis_tier_is_shared_and_reports_p2p(server):  # noqa: F811
+    from kvtier.contract.kind import TierContext
     from kvtier.keys import Namespace
     from kvtier.sources import HitSource
     from kvtier.stack.build import build_stack
-    from kvtier.stack.kinds import TierContext
     from kvtier.stack.registry import capabilities_of
 
     cfg = KVTierConfig.from_dict(
@@ -638,7 +638,7 @@ def test_probe_answers_pending_instead_of_blocking(server):  # noqa: F811
         index = RemoteIndex(RemoteClient(parse_remote_url(server.url)), KeySpace(NAMESPACE), 1, 0.0)
         server.pause()
         try:
-            from kvtier.tiers.base import PENDING
+            from kvtier.contract import PENDING
 
             # A probe that blocked on the paused server would end in a count, not PENDING.
             assert index.leading(keys, 0) is PENDING

@@ -17,10 +17,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig
+from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError
 from kvtier.keysecret import read_key_secret
 from kvtier.stack.parse import accepted_keys
-from kvtier.stack.spec import TierSpec
 from kvtier.tiers.memory import MemoryOptions
 from kvtier.tiers.remote import keyspace, parse_remote_url
 from kvtier.tiers.remote.kind import client_for

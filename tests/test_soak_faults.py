@@ -124,7 +124,11 @@ def test_row_path_faults_fail_whole_jobs_and_scribble_loads():
     finally:
         eng.close()
     # Without ``rows`` the wrapper keeps its per-chunk segment path.
-    assert not hasattr(FaultyStore(CpuSlab(2, [64], 1), FaultPlan()), "supports_rows")
+    inner, engine_rows = CpuSlab(2, [64], 1), [torch.zeros(4, 64, dtype=torch.uint8)]
+    assert inner.supports_rows(engine_rows) and inner.partial_reads
+    plain = FaultyStore(inner, FaultPlan())
+    assert not plain.supports_rows(engine_rows) and not plain.partial_reads
+    assert FaultyStore(inner, FaultPlan(rows=True)).supports_rows(engine_rows)
 
 
 def test_tier_to_tier_copies_out_of_a_wrapped_disk_store_move_exact_bytes(tmp_path):
@@ -134,8 +138,8 @@ def test_tier_to_tier_copies_out_of_a_wrapped_disk_store_move_exact_bytes(tmp_pa
     disk, keys = filled_slab(tmp_path / "d", n=4)
     cpu = CpuSlab(4, [CH], 1)
     stores = {"cpu": FaultyStore(cpu, FaultPlan(rows=True)), "disk": FaultyStore(disk, FaultPlan())}
-    assert hasattr(stores["cpu"], "payload_segments")
-    assert not hasattr(stores["disk"], "payload_segments")
+    assert stores["cpu"].host_payload
+    assert not stores["disk"].host_payload
     eng = TransferEngine(
         KVRegions.from_tensors([torch.zeros(4, CH, dtype=torch.uint8)], 4), stores, 1
     )

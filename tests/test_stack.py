@@ -12,11 +12,12 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
+from kvtier.contract import PENDING
 from kvtier.errors import ConfigError
 from kvtier.keys import KeyChain, Namespace, chunk_keys, rank_key
 from kvtier.sources import HitSource
-from kvtier.tiers.base import PENDING
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore, drop_shared_space
 from mini_engine import MiniEngine
 

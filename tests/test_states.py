@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
 from kvtier.keys import Namespace
 from kvtier.layout import AttentionKind, KVGroup, KVLayout
 from kvtier.manager import CacheManager
 from kvtier.stack.build import build_stack, build_stores
-from kvtier.stack.kinds import TierContext
 from kvtier.stack.requests import Hit
 from kvtier.stack.states import StateCache, link_eviction, split_specs, state_key
 from kvtier.transfer.states import StateMover

@@ -6,10 +6,10 @@ import dataclasses
 import pytest
 import torch
 
+from kvtier.contract.kind import TierContext
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.sources import HitSource
 from kvtier.stack.build import make_index, make_store
-from kvtier.stack.kinds import TierContext
 from kvtier.stack.parse import resolved, tier_spec
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.faulty import FaultPlan, FaultyStore

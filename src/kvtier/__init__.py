@@ -4,7 +4,8 @@ The core (this package, minus ``kvtier.vllm``) never imports vLLM: keys, tiers, 
 load planning, hit sources, the transfer engine and metrics are engine-agnostic.
 """
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError, KVTierError, TierError, TierUnavailable
 from kvtier.sources import HitRun, HitSource, hit_sources
 

@@ -11,15 +11,54 @@ with the bandwidth calibrated on the worker at start (then refined by observed s
 and the step time an average of measured forward passes, sync copies excluded, so a larger
 budget cannot feed back into a larger step time. Nothing here needs tuning per deployment.
 Until both are measured the auto budget is 0 (every hit loads async).
+
+The configured budget (:class:`SyncBudget`, the config's ``sync_budget``) is defined here,
+next to what spends it, so that the load planner is handed it alone, not the config.
 """
 
 from __future__ import annotations
 
-from kvtier.config import SyncBudget
+from dataclasses import dataclass
+from typing import Literal
+
+from kvtier.errors import ConfigError
+from kvtier.units import parse_size
 
 _EMA = 0.2
 _MIN_OBSERVED_BYTES = 4 << 20
 """Sync loads smaller than this carry too much fixed cost to refine the bandwidth."""
+
+
+@dataclass(frozen=True)
+class SyncBudget:
+    """Per-engine-step byte budget for loads done within the step (sync loads).
+
+    ``mode`` is "auto" (derived from measured copy bandwidth and step time), "fixed"
+    (``nbytes`` per step per device) or "off" (every hit loads asynchronously).
+    """
+
+    mode: Literal["auto", "fixed", "off"]
+    nbytes: int = 0
+
+    @classmethod
+    def parse(cls, value: object, *, name: str = "sync_budget") -> SyncBudget:
+        """Parse "auto", 0 / "0" / "off" (disabled), or a byte size such as "64MiB"."""
+        if isinstance(value, SyncBudget):
+            return value
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return cls("auto")
+        if isinstance(value, str) and value.strip().lower() in ("off", "none"):
+            return cls("off")
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{name}: expected 'auto', 'off' or a byte size, got {value!r}")
+        try:
+            nbytes = parse_size(value, name=name)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (or 'auto' / 'off')") from None
+        return cls("off") if nbytes == 0 else cls("fixed", nbytes)
+
+    def __str__(self) -> str:
+        return str(self.nbytes) if self.mode == "fixed" else self.mode
 
 
 class BudgetTracker:

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvtier.budget import SyncBudget
+from kvtier.contract.faults import FaultPlan, parse_faults
+from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError
 from kvtier.options import (
     boolean,
@@ -27,11 +30,8 @@ from kvtier.options import (
     text,
 )
 from kvtier.policies.registry import DEFAULT_EVICTION, eviction_names
-from kvtier.stack.parse import parse_tiers, resolved
+from kvtier.stack.parse import parse_common, parse_tiers, resolved
 from kvtier.stack.registry import tier_kind
-from kvtier.stack.spec import TierSpec
-from kvtier.tiers.fault_plan import FaultPlan, parse_faults
-from kvtier.units import parse_size
 
 WritePolicy = Literal["write-through", "write-back"]
 EVICTION_POLICIES: tuple[str, ...] = eviction_names()
@@ -51,38 +51,6 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
 """Flat key -> (kind, key of that kind's tiers entry) it stands for."""
 FLAT_TIER_KEYS: tuple[str, ...] = (*FLAT_KEYS, "disk_write_policy")
 """The shorthand keys describing a cpu (+ disk) stack; refused next to ``tiers``."""
-
-
-@dataclass(frozen=True)
-class SyncBudget:
-    """Per-engine-step byte budget for loads done within the step (sync loads).
-
-    ``mode`` is "auto" (derived from measured copy bandwidth and step time), "fixed"
-    (``nbytes`` per step per device) or "off" (every hit loads asynchronously).
-    """
-
-    mode: Literal["auto", "fixed", "off"]
-    nbytes: int = 0
-
-    @classmethod
-    def parse(cls, value: object, *, name: str = "sync_budget") -> SyncBudget:
-        """Parse "auto", 0 / "0" / "off" (disabled), or a byte size such as "64MiB"."""
-        if isinstance(value, SyncBudget):
-            return value
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return cls("auto")
-        if isinstance(value, str) and value.strip().lower() in ("off", "none"):
-            return cls("off")
-        if not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{name}: expected 'auto', 'off' or a byte size, got {value!r}")
-        try:
-            nbytes = parse_size(value, name=name)
-        except ConfigError as e:
-            raise ConfigError(f"{e} (or 'auto' / 'off')") from None
-        return cls("off") if nbytes == 0 else cls("fixed", nbytes)
-
-    def __str__(self) -> str:
-        return str(self.nbytes) if self.mode == "fixed" else self.mode
 
 
 @dataclass(frozen=True)
@@ -373,8 +341,9 @@ def _flat(flat_key: str) -> Any:
     def parse(value: object, name: str) -> Any:
         if flat_key == "disk_path" and value == "":
             return None  # an empty disk_path disables the disk tier, as null does
-        cls = TierSpec if key in option_keys(TierSpec) else tier_kind(kind).options
-        return parse_fields(cls, {key: value}, lambda _: name)[key]
+        if key in option_keys(TierSpec):
+            return parse_common({key: value}, lambda _: name)[key]
+        return parse_fields(tier_kind(kind).options, {key: value}, lambda _: name)[key]
 
     if key == "capacity":
         parse.__name__ = "size"  # a byte size (the option reference prints it so)

@@ -17,19 +17,29 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvtier.errors import ConfigError
 
-if TYPE_CHECKING:
-    from kvtier.config import KVTierConfig
+
+class SecretOptions(Protocol):
+    """What :func:`read_key_secret` reads of a config (:class:`kvtier.config.KVTierConfig`
+    has both): the options alone, so that the tiers reading private files here stay below
+    the config."""
+
+    @property
+    def key_secret_env(self) -> str | None: ...
+
+    @property
+    def key_secret_file(self) -> str | None: ...
+
 
 MIN_SECRET_BYTES = 16
 """Shortest accepted secret (128 bits if random)."""
 MAX_SECRET_BYTES = 4096
 
 
-def read_key_secret(config: KVTierConfig) -> bytes:
+def read_key_secret(config: SecretOptions) -> bytes:
     """The configured secret's bytes; b"" when none is configured."""
     if config.key_secret_env:
         name = config.key_secret_env

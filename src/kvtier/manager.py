@@ -111,7 +111,13 @@ class CacheManager:
             stack, self.movement, self.jobs, self.chunk_tokens, self.blocks_per_chunk
         )
         self.loads = LoadPlanner(
-            config, layout, stack, self.jobs, self.metrics, self.chunk_tokens, block_tokens
+            config.sync_budget,
+            layout,
+            stack,
+            self.jobs,
+            self.metrics,
+            self.chunk_tokens,
+            block_tokens,
         )
         self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget

@@ -2,7 +2,7 @@
 routers (engine-agnostic bookkeeping; :mod:`kvtier.vllm.events` turns it into vLLM events).
 
 Where the truth lives: every authoritative tier's index is on the scheduler side, in the
-scheduler's thread, and its :class:`~kvtier.tiers.base.IndexListener` hook tells this log
+scheduler's thread, and its :class:`~kvtier.contract.IndexListener` hook tells this log
 of each change as it happens: a chain of keys committed (``ready_run``), an eviction, a
 drop of a failed store or check, a reset (``unready``). No worker-side event is needed.
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
+from kvtier.contract import Pending, Segments, SlotStore, TierIndex
+from kvtier.contract.kind import Capabilities, TierContext
+from kvtier.contract.spec import TierSpec
 from kvtier.keys import Key, Namespace, chunk_keys
 from kvtier.policies.registry import DEFAULT_EVICTION
 from kvtier.stack.build import make_index, make_store
-from kvtier.stack.kinds import Capabilities, TierContext
 from kvtier.stack.parse import parse_tier, resolved
 from kvtier.stack.registry import capabilities_of
-from kvtier.stack.spec import TierSpec
-from kvtier.tiers.base import Pending, Segments, SlotStore, TierIndex
 
 CHUNK_BYTES = 4096
 WORLD = 2

@@ -38,8 +38,8 @@ from kvtier.conformance.case import (
     chain,
     payload,
 )
+from kvtier.contract import NO_SLOT
 from kvtier.keys import Key
-from kvtier.tiers.base import NO_SLOT
 
 Make = Callable[..., BuiltTier]
 
@@ -110,7 +110,7 @@ def _same(outs: Sequence[torch.Tensor], keys: Sequence[Key], rank: int) -> bool:
 
 
 class _ContractTests(_Base):
-    """The index + store contract (kvtier.tiers.base), on one tier of each case."""
+    """The index + store contract (kvtier.contract), on one tier of each case."""
 
     @exact
     def test_capabilities_agree_with_index_and_store(self, make: Make) -> None:

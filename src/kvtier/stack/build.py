@@ -2,7 +2,7 @@
 
 The connector's two roles, the mini engine, the benchmarks, the simulator and the
 conformance suite all build their tiers here, from the same resolved
-:class:`~kvtier.stack.spec.TierSpec` list (:meth:`KVTierConfig.tier_specs`): the scheduler
+:class:`~kvtier.contract.TierSpec` list (:meth:`KVTierConfig.tier_specs`): the scheduler
 side gets a :class:`~kvtier.stack.stack.TierStack` of indexes (:func:`build_stack`), each
 worker its stores (:func:`build_stores`). A spec with ``faults`` gets its store wrapped in
 the fault wrapper here (:mod:`kvtier.tiers.faulty`): no kind has fault code of its own.
@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvtier.contract.kind import TierContext, TierKind
+from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError, TierError
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import TierContext, TierKind
 from kvtier.stack.registry import tier_kind
-from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import StackTier, TierStack
 
 if TYPE_CHECKING:
     from kvtier.config import KVTierConfig
-    from kvtier.tiers.base import SlotStore, TierIndex
+    from kvtier.contract import SlotStore, TierIndex
 
 
 def _kind_of(spec: TierSpec) -> TierKind:

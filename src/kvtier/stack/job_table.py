@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from kvtier.contract import TierIndex
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import Key
-from kvtier.tiers.base import TierIndex
 
 
 @dataclass

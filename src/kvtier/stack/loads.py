@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from kvtier.budget import BudgetTracker
-from kvtier.config import KVTierConfig
+from kvtier.budget import BudgetTracker, SyncBudget
 from kvtier.jobs import JobResult, TransferJob
 from kvtier.keys import Key
 from kvtier.layout import KVLayout
@@ -27,7 +26,7 @@ class LoadPlanner:
 
     def __init__(
         self,
-        config: KVTierConfig,
+        budget: SyncBudget,
         layout: KVLayout,
         stack: TierStack,
         jobs: JobTable,
@@ -46,7 +45,7 @@ class LoadPlanner:
         self.chunk_tokens = chunk_tokens
         self.block_tokens = block_tokens
         self.blocks_per_chunk = chunk_tokens // block_tokens
-        self.budget = BudgetTracker(config.sync_budget)
+        self.budget = BudgetTracker(budget)
         self.pending: list[TransferJob] = []
         self.loading: dict[int, tuple[int, int, list[Key]]] = {}
         """Async loads in flight: job id -> (first chunk, end chunk, the chain's keys)."""

@@ -1,6 +1,6 @@
 """Parsing a ``tiers`` list: one validator for every form of the config.
 
-Each entry's common keys are :class:`~kvtier.stack.spec.TierSpec`'s fields, the rest are the
+Each entry's common keys are :class:`~kvtier.contract.TierSpec`'s fields, the rest are the
 kind's own options (its ``TierKind.options`` dataclass): a misspelt key is refused with the
 list of exactly that kind's keys, a bad value with ``<label>: <expected>, got <value>``, and
 then the kind checks what needs several options (:attr:`TierKind.check`). The flat keys
@@ -12,14 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from kvtier.contract.spec import EDGE_KEYS, TierSpec
 from kvtier.errors import ConfigError
-from kvtier.options import check_required, choice, option_keys, parse_fields
+from kvtier.options import Label, check_required, choice, opt_choice, option_keys, parse_fields
+from kvtier.policies.registry import eviction_names
 from kvtier.stack.registry import capabilities_of, tier_kind, tier_kinds
-from kvtier.stack.spec import EDGE_KEYS, TierSpec
 
 COMMON_KEYS: tuple[str, ...] = ("kind", *option_keys(TierSpec))
 """The keys every kind accepts."""
+
+
+def parse_common(data: Mapping[str, object], label: Label) -> dict[str, Any]:
+    """The keys of ``data`` that every tier has (:class:`TierSpec`'s), parsed. ``eviction``
+    must also name a registered policy: a check the contract layer leaves to the stack
+    (it does not know the policies)."""
+    if data.get("eviction") is not None:
+        opt_choice(eviction_names)(data["eviction"], label("eviction"))
+    return parse_fields(TierSpec, data, label)
 
 
 def accepted_keys(kind: str) -> tuple[str, ...]:
@@ -62,7 +73,7 @@ def parse_tier(
             )
     options = kind.options(**parse_fields(kind.options, data, label))
     check_required(options, label)
-    spec = TierSpec(kind.name, **parse_fields(TierSpec, data, label), options=options)
+    spec = TierSpec(kind.name, **parse_common(data, label), options=options)
     return kind.check(spec, label) if kind.check is not None else spec
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from kvtier.stack.kinds import Capabilities, TierContext, TierKind
-from kvtier.stack.spec import TierSpec
+from kvtier.contract.kind import Capabilities, TierContext, TierKind
+from kvtier.contract.spec import TierSpec
 
 __all__ = [
     "Capabilities",

@@ -1,6 +1,6 @@
 """The tier stack: ordered tiers, innermost first, and the lookup across them.
 
-Lookup: tier t answers :meth:`~kvtier.tiers.base.TierIndex.leading` from where the tiers
+Lookup: tier t answers :meth:`~kvtier.contract.TierIndex.leading` from where the tiers
 above stopped, so a hit is at most one run per tier: tier 0 serves its prefix, the next tier
 continues where it stops, and so on. Authoritative tiers are prefix-closed (a binary search
 each); a shared tier probes from that point and stops at its first miss. A lookup on a
@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvtier.contract import Pending, TierIndex
+from kvtier.contract.kind import Capabilities
+from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError
 from kvtier.keys import Key
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import Capabilities
-from kvtier.stack.spec import TierSpec
-from kvtier.tiers.base import Pending, TierIndex
 
 
 @dataclass(frozen=True)

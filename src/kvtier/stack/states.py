@@ -37,15 +37,15 @@ from typing import Any
 import blake3
 
 from kvtier.config import KVTierConfig, state_faults
+from kvtier.contract import IndexListener, TierIndex
+from kvtier.contract.spec import TierSpec
 from kvtier.jobs import MISSING, StepPlan, TransferJob
 from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager
 from kvtier.metrics import Metrics
 from kvtier.stack.requests import Hit
-from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import TierStack
-from kvtier.tiers.base import IndexListener, TierIndex
 from kvtier.tiers.disk.kind import STATES_DIR
 
 _TAG = b"kvtier-recurrent-state\x00"

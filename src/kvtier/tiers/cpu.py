@@ -19,19 +19,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kvtier.contract import Buffers, Segments, SlotStore, chunk_buffers
+from kvtier.contract.kind import Capabilities, TierKind, fixed
 from kvtier.keys import Key
 from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import Capabilities, TierKind, fixed
-from kvtier.tiers.base import Buffers, Segments, SlotStore
 from kvtier.tiers.index import SlotIndex
 from kvtier.transfer.copy import copy_segments, gather_rows, scatter_rows
 from kvtier.transfer.host_memory import SLICE_BYTES, HostBuffer, cuda_available
-from kvtier.transfer.regions import chunk_buffers
 
 if TYPE_CHECKING:
-    from kvtier.stack.kinds import TierContext
-    from kvtier.stack.spec import TierSpec
+    from kvtier.contract.kind import TierContext
+    from kvtier.contract.spec import TierSpec
 
 
 class CpuSlab(SlotStore):
@@ -42,7 +41,13 @@ class CpuSlab(SlotStore):
     which are the ones the index hands out first (:class:`~kvtier.transfer.host_memory.
     HostBuffer`); start-up does not grow with the tier's size. Memory copies cannot fail,
     so every chunk succeeds; the per-chunk result exists for the contract's sake.
+
+    Offers every optional copy path of the contract but addresses (``host_payload``,
+    ``partial_reads``, the row path for host-memory engine KV).
     """
+
+    host_payload = True
+    partial_reads = True
 
     def __init__(
         self,
@@ -147,7 +152,7 @@ class CpuSlab(SlotStore):
         copy_segments(slab_views, seg_views, non_blocking=self._non_blocking)
         return [True] * len(slots)
 
-    def payload_segments(self, slot: int) -> list[tuple[int, torch.Tensor]]:
+    def payload_segments(self, slot: int) -> Segments:
         """The payload of ``slot`` as ``(offset, view)`` pairs, one per region (for copies
         from this tier to another)."""
         bpc = self.blocks_per_chunk
@@ -157,7 +162,7 @@ class CpuSlab(SlotStore):
         ]
 
     def payload_buffers(self, slots: Sequence[int]) -> Buffers:
-        """The payloads of ``slots`` as :class:`~kvtier.tiers.base.Buffers` (for copies
+        """The payloads of ``slots`` as :class:`~kvtier.contract.Buffers` (for copies
         from this tier to a store that accepts addresses); ValueError for a slot out of
         range."""
         sl = np.asarray(slots, dtype=np.int64)

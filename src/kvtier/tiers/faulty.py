@@ -31,9 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kvtier.contract import Buffers, Segments, SlotStore
+from kvtier.contract.faults import FaultPlan
 from kvtier.keys import Key
-from kvtier.tiers.base import Segments, SlotStore
-from kvtier.tiers.fault_plan import FaultPlan
 
 __all__ = ["FaultPlan", "FaultyStore", "InjectedFault"]
 
@@ -58,13 +58,13 @@ class FaultyStore(SlotStore):
         self.failed_reads = 0
         self.failed_writes = 0
         self.slow_ops = 0
-        if plan.rows and hasattr(inner, "supports_rows"):
-            # Only then: the transfer engine picks the row path by this attribute.
-            self.supports_rows = inner.supports_rows
-        if hasattr(inner, "payload_segments"):
-            # Only then: the transfer engine copies tier to tier straight from these views
-            # when a store has them, and stages through a buffer when it has not.
-            self.payload_segments = inner.payload_segments
+        # What the wrapper offers of the inner store's optional copy paths (the contract's
+        # declarations): where its jobs queue, and its slots' memory, which a tier-to-tier
+        # copy reads in place. Never addresses (every chunk goes through read/write, where
+        # faults apply); the row path and partial reads only with ``plan.rows``.
+        self.network = inner.network
+        self.host_payload = inner.host_payload
+        self.partial_reads = plan.rows and inner.partial_reads
         log.warning("kvtier fault injection is active: %s", plan)
 
     def _fails(self, key: Key, rate: float, keys: set[Key], all_: bool) -> bool:
@@ -117,6 +117,15 @@ class FaultyStore(SlotStore):
 
     # -- the batched row path and tier-to-tier copies (see the module docstring) ------------
 
+    def supports_rows(self, engine_regions: Sequence[torch.Tensor]) -> bool:
+        return self.plan.rows and self.inner.supports_rows(engine_regions)
+
+    def payload_segments(self, slot: int) -> Segments:
+        return self.inner.payload_segments(slot)
+
+    def payload_buffers(self, slots: Sequence[int]) -> Buffers:
+        return self.inner.payload_buffers(slots)
+
     def store_rows(
         self, engine_regions: Sequence[torch.Tensor], slab_row: int, blocks: torch.Tensor
     ) -> None:
@@ -126,7 +135,7 @@ class FaultyStore(SlotStore):
             with self._lock:
                 self.failed_writes += 1
             raise InjectedFault(f"injected: row store at slab row {slab_row} failed")
-        self.inner.store_rows(engine_regions, slab_row, blocks)  # type: ignore[attr-defined]
+        self.inner.store_rows(engine_regions, slab_row, blocks)
 
     def load_rows(
         self,
@@ -146,7 +155,7 @@ class FaultyStore(SlotStore):
                 self.slow_ops += 1
             time.sleep(p.slow_seconds)
         fail = self._fails(b"", p.read_fail_rate, set(), p.fail_all_reads)
-        self.inner.load_rows(engine_arrays, slab_row, blocks, only)  # type: ignore[attr-defined]
+        self.inner.load_rows(engine_arrays, slab_row, blocks, only)
         if fail:
             for r in touched:
                 engine_arrays[r][blocks] = 0x5A

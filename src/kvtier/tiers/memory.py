@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvtier.contract import Segments, SlotStore, TierIndex
+from kvtier.contract.kind import Capabilities, TierKind
+from kvtier.contract.spec import TierOptions, TierSpec
 from kvtier.errors import ConfigError
 from kvtier.keys import Key
 from kvtier.options import Label, boolean, delay_ms, opt_nonempty, option
 from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import Capabilities, TierKind
-from kvtier.stack.spec import TierOptions, TierSpec
-from kvtier.tiers.base import Segments, SlotStore, TierIndex
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.remote.options import masked_url
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore, shared_space
 
 if TYPE_CHECKING:
-    from kvtier.stack.kinds import TierContext
+    from kvtier.contract.kind import TierContext
 
 
 class DictStore(SlotStore):

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
+from kvtier.contract import PENDING, KeyAddressedIndex, Pending, Segments, SlotStore
 from kvtier.keys import Key, rank_key
-from kvtier.tiers.base import PENDING, KeyAddressedIndex, Pending, Segments, SlotStore
 from kvtier.tiers.envelope import unwrap, wrap
 
 
@@ -118,7 +118,7 @@ def drop_shared_space(url: str) -> None:
 
 
 class ProbeIndex(KeyAddressedIndex):
-    """The shared :class:`~kvtier.tiers.base.TierIndex` over a :class:`SharedSpace`.
+    """The shared :class:`~kvtier.contract.TierIndex` over a :class:`SharedSpace`.
 
     ``ranks``: how many tensor-parallel ranks store each chunk (all must have it).
     ``delay_s``: a probe's answer is available that long after it was first asked; before,

@@ -1,7 +1,7 @@
 """A whole tier in one process: a convenience adapter over the one tier contract.
 
-Not a second contract: a kind implements :class:`~kvtier.tiers.base.TierIndex` and
-:class:`~kvtier.tiers.base.SlotStore` (built by its ``TierKind``) and nothing else.
+Not a second contract: a kind implements :class:`~kvtier.contract.TierIndex` and
+:class:`~kvtier.contract.SlotStore` (built by its ``TierKind``) and nothing else.
 :class:`SlotTier` composes an authoritative index and its store behind one lock, with the
 calls a single-process tool or test wants (``put`` / ``get`` a chain of whole chunks), doing
 what the engine's scheduler and worker do between them: reserve, write, commit; hold, read,
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
+from kvtier.contract import SlotStore, TierIndex
 from kvtier.errors import TierError
 from kvtier.keys import Key
 from kvtier.sources import HitSource
-from kvtier.tiers.base import SlotStore, TierIndex
 
 
 class SlotTier:

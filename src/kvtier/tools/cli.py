@@ -103,9 +103,9 @@ def _purge(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     print(f"purge: {target.describe()}{' (dry run: nothing is removed)' if args.dry_run else ''}")
     if args.remote:
-        from kvtier.tiers.remote.cli_options import key_secret_from_args
         from kvtier.tiers.remote.kind import secret_for
         from kvtier.tools.purge.remote import nothing_matched, purge_remote
+        from kvtier.tools.redis_options import key_secret_from_args
 
         with _remote(args) as (client, display, spec):
             secret = secret_for(spec, key_secret_from_args(args))
@@ -156,9 +156,9 @@ def _purge_list(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _remote(args: argparse.Namespace) -> Iterator[tuple[Any, str, Any]]:
     """The library client, display form and tier spec of ``--remote`` with the tier's own
-    connection options (TLS files, password file: :mod:`kvtier.tiers.remote.cli_options`)."""
-    from kvtier.tiers.remote.cli_options import tier_from_args
+    connection options (TLS files, password file: :mod:`kvtier.tools.redis_options`)."""
     from kvtier.tiers.remote.kind import client_for
+    from kvtier.tools.redis_options import tier_from_args
 
     spec = tier_from_args(args.remote, args, "purge")
     client = client_for(spec)
@@ -400,7 +400,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="HEX",
         help="a digest (disk) or labels (remote) --list shows",
     )
-    from kvtier.tiers.remote.cli_options import add_arguments as add_redis_arguments
+    from kvtier.tools.redis_options import add_arguments as add_redis_arguments
 
     add_redis_arguments(r)
     r.add_argument("--dry-run", action="store_true", help="count only; remove nothing")

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from kvtier import timeline
+from kvtier.contract import SlotStore
 from kvtier.jobs import JobResult, TransferJob
-from kvtier.tiers.base import SlotStore
 from kvtier.transfer.copy import copy_segments
 from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
@@ -171,7 +171,7 @@ class TransferEngine:
         self._io_loads = _Queue("io-load", self._execute, self._on_done, self.wait)
         self._net: _Queue | None = None
         self._net_loads: _Queue | None = None
-        if any(getattr(s, "network", False) for s in self.stores.values()):
+        if any(s.network for s in self.stores.values()):
             self._net = _Queue("net", self._execute, self._on_done, self.wait)
             self._net_loads = _Queue("net-load", self._execute, self._on_done, self.wait)
         self.primary = next(iter(self.stores), "")
@@ -247,7 +247,7 @@ class TransferEngine:
         (``after``), or a plan that cannot split by region (:func:`split_by_layer`). On
         CUDA a layer counts as copied (what :meth:`LayeredLoad.wait_layer` waits for) once
         the expedited stream finished its copies: its attention is queued after them."""
-        if not jobs or not layers or getattr(self.regions, "grouped", False):
+        if not jobs or not layers or self.regions.grouped:
             return None
         plans = []
         for job in jobs:
@@ -275,7 +275,7 @@ class TransferEngine:
             return self._expedited
         load = job.kind == "load"
         if self._net is not None and any(
-            getattr(self.stores.get(t), "network", False) for t in (job.tier, job.dst_tier)
+            t in self.stores and self.stores[t].network for t in (job.tier, job.dst_tier)
         ):
             return self._net_loads if load and self._net_loads is not None else self._net
         slow = job.kind == "copy" or job.tier != self.primary

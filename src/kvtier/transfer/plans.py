@@ -5,7 +5,7 @@ A plan is ``(kind, data)``, the cheapest way the job's stores allow:
 - ``"rows"``: the store moves whole rows of consecutive slots in one batched call per
   region (the CPU slab: one gather or scatter per region and run of slots);
 - ``"buffers"``: the store takes the chunks as flat address arrays
-  (:class:`~kvtier.tiers.base.Buffers`: the disk tier's native path, host-memory KV):
+  (:class:`~kvtier.contract.Buffers`: the disk tier's native path, host-memory KV):
   built with a few NumPy operations per job, where ``"segments"`` builds a tensor view
   per block and region (a 4k-token hit of a 30-layer model at 16-token chunks: 15,360
   views, ~30 ms of Python, slower still while the engine's thread wants the GIL);
@@ -33,17 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvtier.contract import SlotStore
 from kvtier.jobs import TransferJob
-from kvtier.tiers.base import SlotStore
 from kvtier.transfer.groups import GroupedRegions
 from kvtier.transfer.regions import KVRegions
 
 Plan = tuple[str, Any]
-
-
-def _accepts_buffers(store: Any) -> bool:
-    accepts = getattr(store, "accepts_buffers", None)
-    return accepts is not None and bool(accepts())
 
 
 def make_plan(
@@ -58,24 +53,18 @@ def make_plan(
     store = stores[job.tier]
     if job.kind == "copy":
         dst = stores[job.dst_tier]
-        addresses = getattr(store, "payload_buffers", None)
-        if addresses is not None and _accepts_buffers(dst):
-            return "copy-buffers", addresses(job.slots)
-        segments = getattr(store, "payload_segments", None)
-        if segments is not None:
-            return "copy", [segments(s) for s in job.slots]
-        dst_addresses = getattr(dst, "payload_buffers", None)
-        if dst_addresses is not None and _accepts_buffers(store):
-            return "read-buffers", dst_addresses(job.dst_slots)
-        dst_segments = getattr(dst, "payload_segments", None)
-        if dst_segments is not None:
-            return "read-into", [dst_segments(s) for s in job.dst_slots]
+        if store.host_payload and dst.accepts_buffers():
+            return "copy-buffers", store.payload_buffers(job.slots)
+        if store.host_payload:
+            return "copy", [store.payload_segments(s) for s in job.slots]
+        if dst.host_payload and store.accepts_buffers():
+            return "read-buffers", dst.payload_buffers(job.dst_slots)
+        if dst.host_payload:
+            return "read-into", [dst.payload_segments(s) for s in job.dst_slots]
         return "staged", None  # through a buffer (see copy_staged)
-    supports_rows = getattr(store, "supports_rows", None)
-    grouped = getattr(regions, "grouped", False)  # rows would be per group
-    if supports_rows is not None and not grouped and supports_rows(regions.rows):
+    if not regions.grouped and store.supports_rows(regions.rows):  # (rows: one group's)
         return "rows", _row_runs(job, bpc)
-    if isinstance(regions, KVRegions) and regions.arrays and _accepts_buffers(store):
+    if isinstance(regions, KVRegions) and regions.arrays and store.accepts_buffers():
         return "buffers", regions.buffers(job.block_ids, job.skip, bpc)
     chunks = job.chunk_blocks(bpc)
     views = [regions.segments(ids, first, bpc) for first, ids in chunks]
@@ -128,15 +117,16 @@ def split_last_block(prepared: Plan) -> tuple[Plan, Plan]:
 
 
 def split_by_layer(
-    prepared: Plan, store: Any, row_bytes: Sequence[int], blocks_per_chunk: int
+    prepared: Plan, store: SlotStore, row_bytes: Sequence[int], blocks_per_chunk: int
 ) -> tuple[Plan, Plan] | None:
     """A sync load's plan as (the job's last engine block, every other block), to be
-    copied layer by layer, or None where it cannot be: only a memory store (the CPU tier,
-    or a fault wrapper keeping its row path: it has ``supports_rows``) can read any part
-    of a chunk alone, good once read; a disk chunk's checksum covers every layer."""
+    copied layer by layer, or None where it cannot be: only a store declaring
+    ``partial_reads`` (memory: the CPU tier, or a fault wrapper keeping its row path) can
+    read any part of a chunk alone, good once read; a disk chunk's checksum covers every
+    layer."""
     if prepared[0] == "rows":
         return split_last_block(prepared)
-    if prepared[0] == "segments" and getattr(store, "supports_rows", None) is not None:
+    if prepared[0] == "segments" and store.partial_reads:
         return split_segments(prepared, row_bytes, blocks_per_chunk)
     return None
 
@@ -189,7 +179,7 @@ def run_plan(
     """Execute a plan from :func:`make_plan` on the calling thread. ``only``: copy these
     regions alone (one engine layer's; ``"rows"`` and ``"regions"`` plans only, ValueError
     for others)."""
-    store: Any = stores[job.tier]
+    store = stores[job.tier]
     how, plan = prepared
     if only is not None and how not in ("rows", "regions"):
         raise ValueError(f"a {how!r} plan cannot copy a subset of regions")
@@ -255,7 +245,7 @@ def _leading(ok: list[bool]) -> list[bool]:
     return [True] * n + [False] * (len(ok) - n)
 
 
-def _write_leading(store: Any, job: TransferJob, cut: int, views: list[Any]) -> list[bool]:
+def _write_leading(store: SlotStore, job: TransferJob, cut: int, views: list[Any]) -> list[bool]:
     """Store only the job's first ``cut`` chunks (the rest fail: their blocks are gone)."""
     n = len(job.keys)
     if cut == 0:

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from kvtier.contract import Buffers, chunk_buffers
 from kvtier.errors import ConfigError
-from kvtier.tiers.base import Buffers
 
 
 class KVRegions:
@@ -32,6 +32,9 @@ class KVRegions:
     ``regions[r]`` is a 1-D uint8 view of ``num_blocks * row_bytes[r]`` bytes; the tensors
     stay owned by the engine and must outlive this object.
     """
+
+    grouped = False
+    """One block table (:class:`~kvtier.transfer.groups.GroupedRegions` says True)."""
 
     def __init__(
         self,
@@ -143,7 +146,7 @@ class KVRegions:
     def buffers(self, block_ids: Sequence[int], skip: int, blocks_per_chunk: int) -> Buffers:
         """The chunks of a job (:class:`~kvtier.jobs.TransferJob` order: ``block_ids``
         chunk after chunk, the first chunk's leading ``skip`` blocks not moved, those become
-        gaps) as :class:`~kvtier.tiers.base.Buffers` into host-memory regions: what
+        gaps) as :class:`~kvtier.contract.Buffers` into host-memory regions: what
         :meth:`segments` gives per chunk, without a tensor view per block. ValueError for
         block ids outside the regions (never an address outside them) or a block count
         that is not whole chunks."""
@@ -160,33 +163,6 @@ class KVRegions:
         if self._bases is None:
             self._bases = np.array([r.data_ptr() for r in self.regions], dtype=np.uint64)
         return chunk_buffers(self._bases, self._row_arr, rows, blocks_per_chunk)
-
-
-def chunk_buffers(
-    bases: np.ndarray, row_bytes: np.ndarray, rows: np.ndarray, rows_per_chunk: int
-) -> Buffers:
-    """:class:`~kvtier.tiers.base.Buffers` of chunks laid out region-major, each
-    ``rows_per_chunk`` rows of every region: chunk c's payload is, for each region r in
-    order, rows ``rows[c * rows_per_chunk ..]`` of region r (at ``bases[r]``, rows of
-    ``row_bytes[r]`` bytes). A row number < 0 is a gap (the payload range stays with the
-    caller's scratch). Vectorized: a few NumPy operations per batch, none per row."""
-    k, nreg = rows_per_chunk, len(bases)
-    ids = rows.reshape(-1, 1, k)  # chunk, region (broadcast), row in chunk
-    n = ids.shape[0]
-    rb = row_bytes.astype(np.uint64).reshape(1, nreg, 1)
-    gap = np.broadcast_to(ids < 0, (n, nreg, k))
-    ptrs = bases.astype(np.uint64).reshape(1, nreg, 1) + np.maximum(ids, 0).astype(np.uint64) * rb
-    if gap.any():  # a gap's entry holds its payload offset
-        region_off = (k * np.concatenate([[0], np.cumsum(row_bytes)[:-1]])).astype(np.uint64)
-        offs = region_off.reshape(1, nreg, 1) + np.arange(k, dtype=np.uint64).reshape(1, 1, k) * rb
-        ptrs = np.where(gap, np.broadcast_to(offs, (n, nreg, k)), ptrs)
-    per_chunk = nreg * k
-    return Buffers(
-        np.arange(0, (n + 1) * per_chunk, per_chunk, dtype=np.int64),
-        np.ascontiguousarray(ptrs, dtype=np.uint64).reshape(-1),
-        np.ascontiguousarray(np.broadcast_to(rb, (n, nreg, k)), dtype=np.uint64).reshape(-1),
-        np.flatnonzero(gap.reshape(-1)).astype(np.int64),
-    )
 
 
 def _block_dim(t: torch.Tensor, num_blocks: int, block_dim: int | None) -> int:

@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from kvtier.contract import SlotStore
 from kvtier.jobs import MISSING, JobResult, StepPlan, TransferJob, WorkerReport
-from kvtier.tiers.base import SlotStore
 
 
 class StateMover:

@@ -49,6 +49,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
 from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
 from kvtier.jobs import StepPlan
 from kvtier.keyinputs import NO_INPUTS, KeyInputs
 from kvtier.keys import Namespace
@@ -56,7 +57,6 @@ from kvtier.keysecret import read_key_secret
 from kvtier.manager import CacheManager, ScheduledRequest, knows, resolve_chunk_tokens
 from kvtier.metrics import Metrics
 from kvtier.stack.build import build_stack, build_stores, tier_files
-from kvtier.stack.kinds import TierContext
 from kvtier.stack.stack import TierStack
 from kvtier.transfer.engine import TransferEngine
 from kvtier.transfer.groups import BlockIdCodec, GroupedRegions

@@ -27,14 +27,14 @@ from typing import Any
 import torch
 
 from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
+from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError
 from kvtier.jobs import StepPlan, TransferJob, WorkerReport
 from kvtier.keys import Namespace
 from kvtier.manager import CacheManager, chain_keys, set_hit
 from kvtier.stack.build import build_stack, build_stores
-from kvtier.stack.kinds import TierContext
 from kvtier.stack.requests import Hit
-from kvtier.stack.spec import TierSpec
 from kvtier.stack.stack import TierStack
 from kvtier.stack.states import StateCache, link_eviction, split_specs
 from kvtier.transfer.engine import TransferEngine

@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from kvtier.contract import PENDING, KeyAddressedIndex, Pending
 from kvtier.keys import Key
-from kvtier.tiers.base import PENDING, KeyAddressedIndex, Pending
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
 from kvtier.tiers.remote.keyspace import KeySpace
 
@@ -36,7 +36,7 @@ class _Ask:
 
 
 class RemoteIndex(KeyAddressedIndex):
-    """The shared :class:`~kvtier.tiers.base.TierIndex` of a remote tier.
+    """The shared :class:`~kvtier.contract.TierIndex` of a remote tier.
 
     ``world``: ranks that each store their shard (a chunk counts only when all did).
     ``wait_s``: how long :meth:`leading` may wait for a probe before answering PENDING.

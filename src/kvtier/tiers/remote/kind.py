@@ -15,12 +15,12 @@ import os
 
 import blake3
 
+from kvtier.contract import SlotStore, TierIndex
+from kvtier.contract.kind import Capabilities, TierContext, TierKind, fixed
+from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError
 from kvtier.options import Label, prefix_of
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import Capabilities, TierContext, TierKind, fixed
-from kvtier.stack.spec import TierSpec
-from kvtier.tiers.base import SlotStore, TierIndex
 from kvtier.tiers.remote.auth import ValueAuth, load_secret
 from kvtier.tiers.remote.client import RemoteClient
 from kvtier.tiers.remote.index import RemoteIndex

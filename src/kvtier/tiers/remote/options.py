@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier.contract.spec import TierOptions
 from kvtier.errors import ConfigError
 from kvtier.options import boolean, millis, opt_nonempty, option, seconds
-from kvtier.stack.spec import TierOptions
 from kvtier.tiers.remote.url import parse_remote_url
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from kvtier.contract import Segments
 from kvtier.keys import Key
-from kvtier.tiers.base import Segments
 from kvtier.tiers.envelope import pack_envelope, payload_hasher
 from kvtier.tiers.remote.streams import PART_BYTES
 

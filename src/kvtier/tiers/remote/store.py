@@ -35,8 +35,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from kvtier.contract import Segments, SlotStore
 from kvtier.keys import Key
-from kvtier.tiers.base import Segments, SlotStore
 from kvtier.tiers.envelope import HEADER_BYTES, unwrap
 from kvtier.tiers.remote.ahead import Inline, SealAhead, Work
 from kvtier.tiers.remote.auth import MODE_MAC, ValueAuth

@@ -46,7 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.config import KVTierConfig, SyncBudget
+from kvtier.budget import SyncBudget
+from kvtier.config import KVTierConfig
+from kvtier.contract.kind import TierContext
+from kvtier.contract.spec import TierOptions, TierSpec
 from kvtier.errors import ConfigError
 from kvtier.hints import Hints
 from kvtier.jobs import JobResult, StepPlan, WorkerReport
@@ -55,8 +58,6 @@ from kvtier.layout import KVLayout
 from kvtier.manager import CacheManager, ScheduledRequest, on_new_request
 from kvtier.policies import eviction_names
 from kvtier.stack.build import build_stack
-from kvtier.stack.kinds import TierContext
-from kvtier.stack.spec import TierOptions, TierSpec
 from kvtier.tiers.disk.kind import DiskOptions
 from kvtier.tools.sim.bounds import (
     next_uses,

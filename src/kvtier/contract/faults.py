@@ -1,8 +1,8 @@
 """What the fault wrapper (:mod:`kvtier.tiers.faulty`) makes fail: a :class:`FaultPlan`, and
 its parser (a tier's ``faults`` option, the flat ``fault_injection`` key).
 
-Kept apart from the wrapper so that the tier specs can hold a plan without importing the
-store code.
+Part of the contract layer, apart from the wrapper, so that the tier specs can hold a plan
+without importing the store code.
 """
 
 from __future__ import annotations

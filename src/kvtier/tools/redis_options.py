@@ -16,7 +16,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvtier.stack.spec import TierSpec
+    from kvtier.contract.spec import TierSpec
 
 CLI_KEYS: dict[str, str] = {
     "password_file": "a file holding the password (mode 0600), as the tier's password_file",
