@@ -14,7 +14,7 @@ import pytest
 from kvtier.config import KVTierConfig
 from kvtier.contract import SlotStore
 from kvtier.contract.spec import TierSpec
-from kvtier.stack.registry import tier_kind, tier_kinds
+from kvtier.stack.registry import builtin_tier_kinds, tier_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -44,7 +44,7 @@ OPTION_CLASSES = [
     KVTierConfig,
     TierSpec,
     # Sorted: parallel test workers must collect the same ids in the same order.
-    *sorted({tier_kind(k).options for k in tier_kinds()}, key=lambda c: c.__name__),
+    *sorted({tier_kind(k).options for k in builtin_tier_kinds()}, key=lambda c: c.__name__),
 ]
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "capabilities_of",
     "register_tier_kind",
     "tier_kind",
+    "builtin_tier_kinds",
     "tier_kinds",
 ]
 
@@ -37,6 +38,11 @@ def register_tier_kind(kind: TierKind) -> None:
     if kind.name in _KINDS or kind.name in _BUILTIN:
         raise ValueError(f"tier kind {kind.name!r} is registered twice")
     _KINDS[kind.name] = kind
+
+
+def builtin_tier_kinds() -> tuple[str, ...]:
+    """kvtier's own kinds (what its docs describe), without plugins'."""
+    return tuple(_BUILTIN)
 
 
 def tier_kinds() -> tuple[str, ...]:
