@@ -11,12 +11,10 @@ import torch
 
 from kvtier.keys import Key
 from kvtier.tiers.base import Buffers, Segments
-from kvtier.tiers.disk.batching import IOThreads, native_batch, runs
+from kvtier.tiers.disk.batching import native_batch, runs
 from kvtier.tiers.disk.buffers import Iovecs, Plan, Views, digest, io_all, plan_segments
-from kvtier.tiers.disk.files import SlabFiles
-from kvtier.tiers.disk.gate import SlabGate
-from kvtier.tiers.disk.native import CORRUPT, NativeIO
-from kvtier.tiers.disk.state import SlotTable
+from kvtier.tiers.disk.native import CORRUPT
+from kvtier.tiers.disk.parts import SlabParts
 
 
 class SlabReader:
@@ -29,22 +27,10 @@ class SlabReader:
     (:class:`~kvtier.tiers.disk.slab.DiskSlab` does both).
     """
 
-    def __init__(
-        self,
-        files: SlabFiles,
-        table: SlotTable,
-        gate: SlabGate,
-        io: IOThreads,
-        native: NativeIO | None,
-        erase: Callable[[int, Key], bool],
-    ) -> None:
-        self._files = files
-        self._table = table
-        self._gate = gate
-        self._io = io
-        self._native = native
+    def __init__(self, parts: SlabParts, erase: Callable[[int, Key], bool]) -> None:
+        self._files, self._table, self._gate, self._io, self._native = parts
         self._erase = erase
-        self._slot_bytes = files.slot_bytes
+        self._slot_bytes = parts.files.slot_bytes
 
     def read(
         self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]

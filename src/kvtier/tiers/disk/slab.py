@@ -51,7 +51,8 @@ their constructors, the state they share (no base classes): the directory and it
 (:class:`~kvtier.tiers.disk.gate.SlabGate`), the I/O threads and their scratch
 (:class:`~kvtier.tiers.disk.batching.IOThreads`), the write path
 (:class:`~kvtier.tiers.disk.writes.SlabWriter`) and the read path
-(:class:`~kvtier.tiers.disk.reads.SlabReader`). The facade checks each request
+(:class:`~kvtier.tiers.disk.reads.SlabReader`); the last two get the others in one record,
+:class:`~kvtier.tiers.disk.parts.SlabParts`. The facade checks each request
 (:mod:`kvtier.tiers.disk.checks`), passes it through the gate and hands it on.
 """
 
@@ -72,6 +73,7 @@ from kvtier.tiers.disk.files import SlabFiles, scan_dir
 from kvtier.tiers.disk.format import DEFAULT_FILE_BYTES, SlotRecord, gc_paused, records_of
 from kvtier.tiers.disk.gate import SlabGate
 from kvtier.tiers.disk.native import native_io
+from kvtier.tiers.disk.parts import SlabParts
 from kvtier.tiers.disk.reads import SlabReader
 from kvtier.tiers.disk.restore import restore_index
 from kvtier.tiers.disk.state import SlotTable
@@ -171,10 +173,9 @@ class DiskSlab(SlotStore):
             self._files.close()
             raise
         self._accepts_buffers = native_path is not None
-        self._writes = SlabWriter(self._files, self._table, self._gate, self._io, native_path)
-        self._reads = SlabReader(
-            self._files, self._table, self._gate, self._io, native_path, self._writes.erase
-        )
+        parts = SlabParts(self._files, self._table, self._gate, self._io, native_path)
+        self._writes = SlabWriter(parts)
+        self._reads = SlabReader(parts, self._writes.erase)
 
     @property
     def corrupt_reads(self) -> int:

@@ -12,13 +12,11 @@ import torch
 
 from kvtier.keys import Key
 from kvtier.tiers.base import Buffers, Segments
-from kvtier.tiers.disk.batching import IOThreads, native_batch, runs
+from kvtier.tiers.disk.batching import native_batch, runs
 from kvtier.tiers.disk.buffers import Iovecs, Plan, Views, digest, io_all, plan_segments
-from kvtier.tiers.disk.files import SlabFiles
 from kvtier.tiers.disk.format import HEADER_BYTES, ZERO_HEADER, pack_header, pack_headers
-from kvtier.tiers.disk.gate import SlabGate
-from kvtier.tiers.disk.native import NativeIO
-from kvtier.tiers.disk.state import Links, SlotTable
+from kvtier.tiers.disk.parts import SlabParts
+from kvtier.tiers.disk.state import Links
 
 
 class SlabWriter:
@@ -30,20 +28,9 @@ class SlabWriter:
     and been admitted by the gate (:class:`~kvtier.tiers.disk.slab.DiskSlab` does both).
     """
 
-    def __init__(
-        self,
-        files: SlabFiles,
-        table: SlotTable,
-        gate: SlabGate,
-        io: IOThreads,
-        native: NativeIO | None,
-    ) -> None:
-        self._files = files
-        self._table = table
-        self._gate = gate
-        self._io = io
-        self._native = native
-        self._slot_bytes = files.slot_bytes
+    def __init__(self, parts: SlabParts) -> None:
+        self._files, self._table, self._gate, self._io, self._native = parts
+        self._slot_bytes = parts.files.slot_bytes
 
     def write(
         self,
