@@ -33,14 +33,16 @@ class SlabGate:
         self._idle = threading.Condition(self._lock)
 
     def enter(self, slots: Sequence[int]) -> bool:
-        """Admit an operation on ``slots`` (False: it must fail every chunk); a True must
-        be paired with :meth:`exit`."""
+        """Admit an operation on ``slots``: True while the slab is open and the files
+        holding ``slots`` are still there (none given: no file check), and then it must be
+        paired with :meth:`exit`; False: the operation fails every chunk."""
         with self._lock:
             if self._closed or self.unavailable:
                 return False
             self._active += 1
-        if self._present(slots):
+        if len(slots) == 0 or not self._files.removed(slots):
             return True
+        self._disable()
         self.exit()
         return False
 
@@ -51,11 +53,9 @@ class SlabGate:
             if self._active == 0:
                 self._idle.notify_all()
 
-    def _present(self, slots: Sequence[int]) -> bool:
-        """False (and the slab disabled, logged once) if a file the batch touches was
-        unlinked: writes would vanish at close and reads hold space the operator freed."""
-        if not self._files.removed(slots):
-            return True
+    def _disable(self) -> None:
+        """A file the batch touches was unlinked: writes would vanish at close and reads
+        hold space the operator freed. Disable the slab (logged once)."""
         with self._lock:
             first = not self.unavailable
             self.unavailable = True
@@ -65,7 +65,6 @@ class SlabGate:
                 "tier is disabled until restart",
                 self._files.path,
             )
-        return False
 
     def count(self, io: int = 0, corrupt: int = 0, stale: int = 0) -> None:
         """Add to the counters: I/O errors, checksum mismatches, stale keys."""

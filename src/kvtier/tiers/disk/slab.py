@@ -211,16 +211,17 @@ class DiskSlab(SlotStore):
         return scan_dir(path, namespace, slot_bytes, num_slots)
 
     def _admitted(
-        self, slots: Sequence[int], op: Callable[[], list[bool]], *, files: bool = True
+        self, slots: Sequence[int], op: Callable[..., list[bool]], *args: object
     ) -> list[bool]:
-        """``op()`` if the gate admits an operation on ``slots`` (``files``: checking that
-        their files are still there); else every chunk False."""
-        if not self._gate.enter(slots if files else ()):
+        """``op(slots, *args)`` if the gate admits an operation on ``slots``; else every
+        chunk False."""
+        gate = self._gate
+        if not gate.enter(slots):
             return [False] * len(slots)
         try:
-            return op()
+            return op(slots, *args)
         finally:
-            self._gate.exit()
+            gate.exit()
 
     def write(
         self,
@@ -236,7 +237,7 @@ class DiskSlab(SlotStore):
         are readable until the slab closes but are not restored after a restart.
         """
         check_slots(self.num_slots, slots, keys, src, parents)
-        return self._admitted(slots, lambda: self._writes.write(slots, keys, src, parents))
+        return self._admitted(slots, self._writes.write, keys, src, parents)
 
     def write_buffers(
         self,
@@ -252,14 +253,14 @@ class DiskSlab(SlotStore):
         check_buffers(src, len(slots), self.slot_bytes, whole=True)
         if not self._accepts_buffers:
             raise RuntimeError("DiskSlab.write_buffers needs the native data path")
-        return self._admitted(slots, lambda: self._writes.write_buffers(slots, keys, src, parents))
+        return self._admitted(slots, self._writes.write_buffers, keys, src, parents)
 
     def read(
         self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
     ) -> list[bool]:
         """Read and verify chunks into ``dst`` (which may cover only parts of payloads)."""
         check_slots(self.num_slots, slots, keys, dst)
-        return self._admitted(slots, lambda: self._reads.read(slots, keys, dst))
+        return self._admitted(slots, self._reads.read, keys, dst)
 
     def accepts_buffers(self) -> bool:
         """True where the native data path is built (it alone moves bytes by address)."""
@@ -273,17 +274,19 @@ class DiskSlab(SlotStore):
         check_buffers(dst, len(slots), self.slot_bytes, whole=False)
         if not self._accepts_buffers:
             raise RuntimeError("DiskSlab.read_buffers needs the native data path")
-        return self._admitted(slots, lambda: self._reads.read_buffers(slots, keys, dst))
+        return self._admitted(slots, self._reads.read_buffers, keys, dst)
 
     def erase(self, slots: Sequence[int], keys: Sequence[Key]) -> list[bool]:
         """Forget chunks (persistently: their headers are zeroed), only where slot ``i``
         still holds ``keys[i]``. For deletes; the scheduler must not let a write to these
         slots run concurrently. Returns, per chunk, whether a header was erased."""
         check_slots(self.num_slots, slots, keys, keys)
-        erase = self._writes.erase
-        return self._admitted(
-            slots, lambda: [erase(s, k) for s, k in zip(slots, keys, strict=True)], files=False
-        )
+        if not self._gate.enter(()):  # no file check: erasing needs no payload
+            return [False] * len(slots)
+        try:
+            return [self._writes.erase(s, k) for s, k in zip(slots, keys, strict=True)]
+        finally:
+            self._gate.exit()
 
     def holds(self, slot: int) -> Key | None:
         """The key slot ``slot`` holds (per the last write or the open-time scan)."""
