@@ -256,7 +256,7 @@ def test_writes_without_parents_are_readable_but_not_restored(tmpdir_path):
 def _open_slab(path, native, nbytes):
     with mock.patch.object(disk_module, "native_io", slabio.native_io if native else lambda: None):
         slab = DiskSlab(path, 8, nbytes, NS, threads=2)
-    assert (slab._native is not None) == native
+    assert slab.accepts_buffers() == native
     return slab
 
 

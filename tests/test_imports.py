@@ -32,11 +32,6 @@ STORAGE = "kvtier.tiers"
 ORCHESTRATION = ("kvtier.stack", "kvtier.transfer", "kvtier.manager", "kvtier.config")
 """What neither the contract nor the tier implementations may import."""
 ALLOWED_UPWARD = {
-    # The disk slab (kvtier/tiers/disk/) is rebuilt on another branch at the same time:
-    # its kind still imports the contract through the stack's shims. Removed after merging.
-    ("kvtier.tiers.disk.kind", "kvtier.stack"),
-    ("kvtier.tiers.disk.kind", "kvtier.stack.kinds"),
-    ("kvtier.tiers.disk.kind", "kvtier.stack.spec"),
     # The CPU slab moves bytes with the transfer package's primitives (streaming row
     # copies, pinned host memory), which the rule "only transfer/ touches CUDA"
     # (tests/test_code_rules.py) keeps there. Moving them below the tiers needs that rule

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
-from kvtier.tiers.base import Buffers, Segments
+from kvtier.contract import Buffers, Segments
 
 IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 1024
 """Buffers one preadv/pwritev takes (the system's limit)."""
@@ -140,7 +140,7 @@ def pieces(
 class Iovecs:
     """Flat buffer lists of a native batch: chunk i is entries ``start[i]:start[i+1]``,
     built chunk by chunk from segments (:meth:`to_buffers` gives the
-    :class:`~kvtier.tiers.base.Buffers` the native path takes). A gap's entry holds its
+    :class:`~kvtier.contract.Buffers` the native path takes). A gap's entry holds its
     payload offset until the I/O thread points it into its scratch buffer."""
 
     __slots__ = ("gaps", "lens", "ptrs", "start")

@@ -1,4 +1,5 @@
-"""The slab directory of a DiskSlab: its lock, geometry, files, header scans, lifetime."""
+"""The slab directory of a DiskSlab: its lock, geometry and files, and header scans of a
+directory (its own, or another owner's, read-only)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from kvtier.errors import TierUnavailable
 from kvtier.tiers.disk.format import (
@@ -32,14 +35,41 @@ from kvtier.tiers.disk.private import (
     open_private_dir,
     remove_file,
 )
-from kvtier.tiers.disk.state import SlabState
 
 log = logging.getLogger("kvtier.tiers.disk.slab")
 
 
-class SlabFiles(SlabState):
-    """Opening, formatting, scanning and closing the directory's files. Every file is
-    opened relative to the directory's fd, never following a link (:mod:`.private`)."""
+class SlabFiles:
+    """The slab directory of one owner: its lock, geometry and open slab files.
+
+    Opening takes the directory's lock (:func:`lock_dir`), reads or writes its superblock
+    (reformatting a directory of another ``slot_bytes``) and opens (creating) the files for
+    ``num_slots`` slots; if any step fails, what was opened is closed and the error
+    (TierUnavailable, or its subclass UnsafeDirectory) raised. Every file is opened
+    relative to the directory's fd, never following a link (:mod:`.private`). The
+    descriptors stay open until :meth:`close`.
+    """
+
+    def __init__(self, path: Path, num_slots: int, slot_bytes: int, file_bytes: int) -> None:
+        self.path = path
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.fds: list[int] = []
+        """One descriptor per slab file (emptied, in place, at :meth:`close`)."""
+        self._lock_fd = self._dir_fd = -1
+        try:
+            self._dir_fd, self._lock_fd = lock_dir(path)
+            self.geometry = self._open_geometry(file_bytes)
+            self._open_files()
+        except BaseException:
+            self.close()
+            raise
+        geo = self.geometry
+        self.fd_arr = np.array(self.fds, dtype=np.int32)
+        """:attr:`fds` as an array (for the native path)."""
+        self.spf, self.stride, self.payload_base = geo.slots_per_file, geo.stride, geo.header_area
+        self.pad = memoryview(bytes(geo.stride - slot_bytes))
+        """The zero bytes written after each payload, up to the next page-aligned slot."""
 
     def _open_geometry(self, file_bytes: int) -> SlabGeometry:
         dfd = self._dir_fd
@@ -82,7 +112,7 @@ class SlabFiles(SlabState):
                     remove_file(dfd, slab_file_name(fi))
             for fi in range(need):
                 fd = open_file(dfd, slab_file_name(fi), self.path, write=True, create=True)
-                self._fds.append(fd)
+                self.fds.append(fd)
             if need:
                 self._trim_last_file(need - 1)
         except OSError as e:
@@ -94,7 +124,7 @@ class SlabFiles(SlabState):
         their payloads, so the files fit the new capacity."""
         geo = self.geometry
         used = geo.file_slots(fi, self.num_slots)
-        fd = self._fds[fi]
+        fd = self.fds[fi]
         if used == geo.slots_per_file or os.fstat(fd).st_size <= geo.file_size(used):
             return
         first = used * HEADER_BYTES
@@ -103,12 +133,11 @@ class SlabFiles(SlabState):
             os.pwrite(fd, ZERO_HEADER, geo.header_offset(h.slot))
         os.ftruncate(fd, geo.file_size(used))
 
-    def _scan_own(self) -> list[SlotHeader]:
-        """Valid headers of every namespace in our files (sequence numbers continue past
-        every namespace's); unreadable files count as empty."""
+    def scan(self) -> list[SlotHeader]:
+        """Valid headers of every namespace in our files; unreadable files count as empty."""
         out: list[SlotHeader] = []
         geo = self.geometry
-        for fi, fd in enumerate(self._fds):
+        for fi, fd in enumerate(self.fds):
             count = geo.file_slots(fi, self.num_slots)
             try:
                 area = read_header_area(fd, geo, count)
@@ -120,74 +149,33 @@ class SlabFiles(SlabState):
             out.extend(parse_headers(area, fi * geo.slots_per_file))
         return out
 
-    @classmethod
-    def scan(
-        cls,
-        path: str | os.PathLike[str],
-        namespace: bytes,
-        slot_bytes: int,
-        num_slots: int | None = None,
-    ) -> list[SlotRecord]:
-        """Restorable chunks of ``namespace`` in directory ``path``, reading headers only.
-
-        For the scheduler process, which rebuilds its index (:func:`restore_index`) while
-        a worker owns the slab: takes no lock, writes nothing. Empty when the directory is
-        missing or formatted for another ``slot_bytes``, and (logged) when it or a file in
-        it is unsafe (:mod:`kvtier.tiers.disk.private`; never changed here). Slots at or
-        past ``num_slots`` are ignored. A header that validates says nothing yet about its
-        payload: a torn payload is found (and becomes a miss) when it is read.
-        """
-        where = Path(path)
+    def removed(self, slots: Sequence[int]) -> bool:
+        """Whether a file holding one of ``slots`` was unlinked (or cannot be checked)."""
+        spf = self.spf
         try:
-            dfd = open_private_dir(where, create=False, tighten=False)
-        except FileNotFoundError:
-            return []
-        except UnsafeDirectory as e:
-            log.warning("kvtier disk tier: nothing restored: %s", e)
-            return []
-        try:
-            geo = superblock_at(dfd, where)
-            if geo is None or geo.slot_bytes != slot_bytes:
-                return []
-            with gc_paused():
-                headers = headers_at(dfd, where, geo, num_slots, namespace)
-                return records_of(h for h in headers if h.length == slot_bytes)
-        except UnsafeDirectory as e:
-            log.warning("kvtier disk tier: nothing restored: %s", e)
-            return []
-        finally:
-            os.close(dfd)
-
-    def _backing_present(self, slots: Sequence[int]) -> bool:
-        """False (and the slab disabled, logged once) if a file the batch touches was
-        unlinked: writes would vanish at close and reads hold space the operator freed."""
-        spf = self._spf
-        try:
-            gone = any(os.fstat(self._fds[fi]).st_nlink == 0 for fi in {s // spf for s in slots})
+            return any(os.fstat(self.fds[fi]).st_nlink == 0 for fi in {s // spf for s in slots})
         except OSError:
-            gone = True
-        if gone:
-            with self._stats_lock:
-                first = not self.unavailable
-                self.unavailable = True
-            if first:
-                log.error(
-                    "kvtier disk tier: slab files in %s were removed while in use; the disk "
-                    "tier is disabled until restart",
-                    self.path,
-                )
-        return not gone
+            return True
 
-    def _locate(self, slot: int) -> tuple[int, int]:
+    def locate(self, slot: int) -> tuple[int, int]:
         """(file descriptor, payload offset) of ``slot``."""
-        spf = self._spf
-        return self._fds[slot // spf], self._payload_base + (slot % spf) * self._stride
+        spf = self.spf
+        return self.fds[slot // spf], self.payload_base + (slot % spf) * self.stride
+
+    def zero_header(self, slot: int) -> bool:
+        """Erase ``slot``'s header on disk (a restart will not re-admit it); False on an
+        OSError."""
+        try:
+            os.pwrite(self.fds[slot // self.spf], ZERO_HEADER, self.geometry.header_offset(slot))
+        except OSError:
+            return False
+        return True
 
     def sync(self) -> bool:
         """fsync every slab file: chunks written so far survive a power loss. False if
         any fsync failed."""
         ok = True
-        for fd in self._fds:
+        for fd in self.fds:
             try:
                 os.fsync(fd)
             except OSError:
@@ -197,38 +185,60 @@ class SlabFiles(SlabState):
     def drop_page_cache(self) -> None:
         """Write back and drop the slab files' pages from the page cache, so the next reads
         come from the device (cold-cache benchmarks and tests). Best effort."""
-        for fd in self._fds:
+        for fd in self.fds:
             with contextlib.suppress(OSError, AttributeError):
                 os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
-        """Wait for in-flight operations, stop the pool, close the files, drop the lock.
-        Idempotent; later reads and writes fail (False)."""
-        with self._stats_lock:
-            if self._closed:
-                return
-            self._closed = True
-            while self._active:
-                self._idle.wait()
-        self._release()
-
-    def _release(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        for fd in self._fds:
+        """Close the files and drop the lock (closing its last descriptor drops the flock).
+        Idempotent; the caller lets no I/O run from here on."""
+        for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._fds = []
-        if self._lock_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)  # closing the last descriptor drops the flock
-            self._lock_fd = -1
-        if self._dir_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._dir_fd)
-            self._dir_fd = -1
+        self.fds.clear()
+        for fd in (self._lock_fd, self._dir_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._lock_fd = self._dir_fd = -1
+
+
+def scan_dir(
+    path: str | os.PathLike[str],
+    namespace: bytes,
+    slot_bytes: int,
+    num_slots: int | None = None,
+) -> list[SlotRecord]:
+    """Restorable chunks of ``namespace`` in directory ``path``, reading headers only.
+
+    For the scheduler process, which rebuilds its index (:func:`restore_index`) while
+    a worker owns the slab: takes no lock, writes nothing. Empty when the directory is
+    missing or formatted for another ``slot_bytes``, and (logged) when it or a file in
+    it is unsafe (:mod:`kvtier.tiers.disk.private`; never changed here). Slots at or
+    past ``num_slots`` are ignored. A header that validates says nothing yet about its
+    payload: a torn payload is found (and becomes a miss) when it is read.
+    """
+    where = Path(path)
+    try:
+        dfd = open_private_dir(where, create=False, tighten=False)
+    except FileNotFoundError:
+        return []
+    except UnsafeDirectory as e:
+        log.warning("kvtier disk tier: nothing restored: %s", e)
+        return []
+    try:
+        geo = superblock_at(dfd, where)
+        if geo is None or geo.slot_bytes != slot_bytes:
+            return []
+        with gc_paused():
+            headers = headers_at(dfd, where, geo, num_slots, namespace)
+            return records_of(h for h in headers if h.length == slot_bytes)
+    except UnsafeDirectory as e:
+        log.warning("kvtier disk tier: nothing restored: %s", e)
+        return []
+    finally:
+        os.close(dfd)
 
 
 def superblock_at(dir_fd: int, where: Path) -> SlabGeometry | None:

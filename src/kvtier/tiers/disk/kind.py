@@ -6,12 +6,19 @@ import logging
 import os
 from dataclasses import dataclass
 
+from kvtier.contract import (
+    Capabilities,
+    SlotStore,
+    TierContext,
+    TierIndex,
+    TierKind,
+    TierOptions,
+    TierSpec,
+    fixed,
+)
 from kvtier.options import integer, opt_nonempty, option
 from kvtier.policies.registry import DEFAULT_EVICTION, make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.stack.kinds import Capabilities, TierContext, TierKind, fixed
-from kvtier.stack.spec import TierOptions, TierSpec
-from kvtier.tiers.base import SlotStore, TierIndex
 from kvtier.tiers.disk.restore import restore_index
 from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.index import SlotIndex

@@ -14,7 +14,7 @@ Python per chunk (buffer views, a checksum call, bookkeeping) cost as much as mo
 (``benchmarks/disk_tier.py``). Hashing in cache-sized pieces keeps the checksum pass off
 main memory for chunks larger than the last-level cache. The native path also takes
 chunks as flat address arrays (:meth:`DiskSlab.read_buffers` / ``write_buffers``,
-:class:`~kvtier.tiers.base.Buffers`), which the transfer engine computes for a whole job
+:class:`~kvtier.contract.Buffers`), which the transfer engine computes for a whole job
 at once instead of a tensor view per block and layer.
 
 Crash safety, without fsync on the data path: a write is ``pwritev(payload)``, then
@@ -42,47 +42,52 @@ Inside an engine: the scheduler calls :meth:`DiskSlab.scan` and
 :class:`~kvtier.tiers.index.SlotIndex` and passes each chunk's parent key to the worker;
 every worker opens its own :class:`DiskSlab` (one directory per rank) and moves bytes.
 :class:`DiskTier` composes both in one process. How segments become buffers lives in
-:mod:`kvtier.tiers.disk.buffers`. :class:`DiskSlab` is built in layers, one module each:
-its fields (``state.py``), the directory and its files (``files.py``), how a batch is cut
-and spread over threads (``batching.py``), the write path (``writes.py``) and the read
-path (``reads.py``).
+:mod:`kvtier.tiers.disk.buffers`.
+
+:class:`DiskSlab` is a facade over collaborators that each do one job and are handed, in
+their constructors, the state they share (no base classes): the directory and its files
+(:class:`~kvtier.tiers.disk.files.SlabFiles`), what each slot holds in memory
+(:class:`~kvtier.tiers.disk.state.SlotTable`), admission, lifetime and counters
+(:class:`~kvtier.tiers.disk.gate.SlabGate`), the I/O threads and their scratch
+(:class:`~kvtier.tiers.disk.batching.IOThreads`), the write path
+(:class:`~kvtier.tiers.disk.writes.SlabWriter`) and the read path
+(:class:`~kvtier.tiers.disk.reads.SlabReader`); the last two get the others in one record,
+:class:`~kvtier.tiers.disk.parts.SlabParts`. The facade checks each request
+(:mod:`kvtier.tiers.disk.checks`), passes it through the gate and hands it on.
 """
 
 from __future__ import annotations
 
-import array
 import logging
 import os
-import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
-
+from kvtier.contract import Buffers, Segments, SlotStore
 from kvtier.keys import NS_BYTES, Key, Namespace
 from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
-from kvtier.tiers.base import SlotStore
-from kvtier.tiers.disk.files import lock_dir
-from kvtier.tiers.disk.format import (
-    DEFAULT_FILE_BYTES,
-    gc_paused,
-    records_of,
-)
-from kvtier.tiers.disk.native import NativeIO, native_io
-from kvtier.tiers.disk.reads import SlabReads
+from kvtier.tiers.disk.batching import IOThreads
+from kvtier.tiers.disk.checks import check_buffers, check_slots
+from kvtier.tiers.disk.files import SlabFiles, scan_dir
+from kvtier.tiers.disk.format import DEFAULT_FILE_BYTES, SlotRecord, gc_paused, records_of
+from kvtier.tiers.disk.gate import SlabGate
+from kvtier.tiers.disk.native import native_io
+from kvtier.tiers.disk.parts import SlabParts
+from kvtier.tiers.disk.reads import SlabReader
 from kvtier.tiers.disk.restore import restore_index
+from kvtier.tiers.disk.state import SlotTable
+from kvtier.tiers.disk.writes import SlabWriter
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.slot_tier import SlotTier
 
 log = logging.getLogger(__name__)
 
 
-class DiskSlab(SlabReads, SlotStore):
+class DiskSlab(SlotStore):
     """``num_slots`` slots of ``slot_bytes`` in slab files under ``path``; one namespace.
 
-    Contract (beyond :class:`~kvtier.tiers.base.SlotStore`):
+    Contract (beyond :class:`~kvtier.contract.SlotStore`):
 
     - Ownership: the caller's segments are read (writes) or filled (reads) during the call
       only, straight from/into their memory with ``pwritev``/``preadv``; device or
@@ -152,58 +157,157 @@ class DiskSlab(SlabReads, SlotStore):
         self.slot_bytes = slot_bytes
         self.namespace = bytes(namespace)
         self.threads = threads
-        self.corrupt_reads = 0
-        """Reads whose payload failed its checksum (bit rot, torn or foreign writes)."""
-        self.io_errors = 0
-        """Reads or writes that hit an OSError or a short read (truncated file)."""
-        self.stale_reads = 0
-        """Reads of a key the slot does not hold (never written, erased, overwritten)."""
-        self.unavailable = False
-        """True once the backing files were found removed: every operation fails."""
-        self._lock_fd = -1
-        self._dir_fd = -1
-        self._fds: list[int] = []
-        self._closed = False
-        self._stats_lock = threading.Lock()
-        self._active = 0
-        self._idle = threading.Condition(self._stats_lock)
-        self._local = threading.local()
-        self._pool: ThreadPoolExecutor | None = None
+        self._files = SlabFiles(self.path, num_slots, slot_bytes, file_bytes)
+        self.geometry = self._files.geometry
         try:
-            self._dir_fd, self._lock_fd = lock_dir(self.path)
-            self.geometry = self._open_geometry(file_bytes)
-            self._open_files()
+            self._table = SlotTable(num_slots, self.namespace)
+            with gc_paused():
+                self.records: list[SlotRecord] = records_of(
+                    self._table.restore(self._files.scan(), slot_bytes)
+                )
+                """Restorable chunks found at open (this namespace), for :func:`restore_index`."""
+            self._gate = SlabGate(self._files)
+            native_path = native_io() if native else None
+            self._io = IOThreads(threads, slot_bytes, self.geometry.stride)
         except BaseException:
-            self._release()
+            self._files.close()
             raise
-        self._key_of: list[Key | None] = [None] * num_slots
-        self._sum_of = array.array("Q", bytes(8 * num_slots))  # exact 64-bit compares
-        # Checksum seed of the key each slot holds, set by writes (0: not known yet).
-        self._seed_of = np.zeros(num_slots, dtype=np.uint64)
-        with gc_paused():
-            headers = self._scan_own()
-            mine = [h for h in headers if h.namespace == self.namespace and h.length == slot_bytes]
-            for h in mine:
-                self._key_of[h.slot] = h.key
-                self._sum_of[h.slot] = h.checksum
-            self.records = records_of(mine)
-            """Restorable chunks found at open (this namespace), for :func:`restore_index`."""
-        self._next_seq = max((h.seq for h in headers), default=0) + 1
-        self._fd_arr = np.array(self._fds, dtype=np.int32)
-        self._native: NativeIO | None = native_io() if native else None
-        geo = self.geometry
-        self._spf, self._stride, self._payload_base = (
-            geo.slots_per_file,
-            geo.stride,
-            geo.header_area,
-        )
-        self._pad = memoryview(bytes(geo.stride - slot_bytes))
-        if threads > 1:
-            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="kvtier-disk")
+        self._accepts_buffers = native_path is not None
+        parts = SlabParts(self._files, self._table, self._gate, self._io, native_path)
+        self._writes = SlabWriter(parts)
+        self._reads = SlabReader(parts, self._writes.erase)
+
+    @property
+    def corrupt_reads(self) -> int:
+        """Reads whose payload failed its checksum (bit rot, torn or foreign writes)."""
+        return self._gate.corrupt_reads
+
+    @property
+    def io_errors(self) -> int:
+        """Reads or writes that hit an OSError or a short read (truncated file)."""
+        return self._gate.io_errors
+
+    @property
+    def stale_reads(self) -> int:
+        """Reads of a key the slot does not hold (never written, erased, overwritten)."""
+        return self._gate.stale_reads
+
+    @property
+    def unavailable(self) -> bool:
+        """True once the backing files were found removed: every operation fails."""
+        return self._gate.unavailable
+
+    @classmethod
+    def scan(
+        cls,
+        path: str | os.PathLike[str],
+        namespace: bytes,
+        slot_bytes: int,
+        num_slots: int | None = None,
+    ) -> list[SlotRecord]:
+        """Restorable chunks of ``namespace`` in directory ``path``, reading headers only
+        (:func:`~kvtier.tiers.disk.files.scan_dir`): for the scheduler process, while a
+        worker owns the slab; takes no lock, writes nothing."""
+        return scan_dir(path, namespace, slot_bytes, num_slots)
+
+    def _admitted(
+        self, slots: Sequence[int], op: Callable[..., list[bool]], *args: object
+    ) -> list[bool]:
+        """``op(slots, *args)`` if the gate admits an operation on ``slots``; else every
+        chunk False."""
+        gate = self._gate
+        if not gate.enter(slots):
+            return [False] * len(slots)
+        try:
+            return op(slots, *args)
+        finally:
+            gate.exit()
+
+    def write(
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Sequence[Segments],
+        parents: Sequence[Key | None] | None = None,
+    ) -> list[bool]:
+        """Write whole payloads from ``src`` and record ``keys`` (and ``parents``).
+
+        ``parents[i]`` is the key before ``keys[i]`` in its chain (None for a chain start);
+        a restart re-admits a chunk only under its parent. Without ``parents`` the chunks
+        are readable until the slab closes but are not restored after a restart.
+        """
+        check_slots(self.num_slots, slots, keys, src, parents)
+        return self._admitted(slots, self._writes.write, keys, src, parents)
+
+    def write_buffers(
+        self,
+        slots: Sequence[int],
+        keys: Sequence[Key],
+        src: Buffers,
+        parents: Sequence[Key | None] | None = None,
+    ) -> list[bool]:
+        """:meth:`write` from host-memory addresses (:class:`~kvtier.contract.Buffers`,
+        no gaps), same headers and outcomes; the native path only (RuntimeError without
+        it). Malformed buffers raise ValueError before any I/O."""
+        check_slots(self.num_slots, slots, keys, range(len(src.start) - 1), parents)
+        check_buffers(src, len(slots), self.slot_bytes, whole=True)
+        if not self._accepts_buffers:
+            raise RuntimeError("DiskSlab.write_buffers needs the native data path")
+        return self._admitted(slots, self._writes.write_buffers, keys, src, parents)
+
+    def read(
+        self, slots: Sequence[int], keys: Sequence[Key], dst: Sequence[Segments]
+    ) -> list[bool]:
+        """Read and verify chunks into ``dst`` (which may cover only parts of payloads)."""
+        check_slots(self.num_slots, slots, keys, dst)
+        return self._admitted(slots, self._reads.read, keys, dst)
+
+    def accepts_buffers(self) -> bool:
+        """True where the native data path is built (it alone moves bytes by address)."""
+        return self._accepts_buffers
+
+    def read_buffers(self, slots: Sequence[int], keys: Sequence[Key], dst: Buffers) -> list[bool]:
+        """:meth:`read` into host-memory addresses (:class:`~kvtier.contract.Buffers`),
+        same verification and outcomes; the native path only (see :meth:`accepts_buffers`,
+        RuntimeError without it). Malformed buffers raise ValueError before any I/O."""
+        check_slots(self.num_slots, slots, keys, range(len(dst.start) - 1))
+        check_buffers(dst, len(slots), self.slot_bytes, whole=False)
+        if not self._accepts_buffers:
+            raise RuntimeError("DiskSlab.read_buffers needs the native data path")
+        return self._admitted(slots, self._reads.read_buffers, keys, dst)
+
+    def erase(self, slots: Sequence[int], keys: Sequence[Key]) -> list[bool]:
+        """Forget chunks (persistently: their headers are zeroed), only where slot ``i``
+        still holds ``keys[i]``. For deletes; the scheduler must not let a write to these
+        slots run concurrently. Returns, per chunk, whether a header was erased."""
+        check_slots(self.num_slots, slots, keys, keys)
+        if not self._gate.enter(()):  # no file check: erasing needs no payload
+            return [False] * len(slots)
+        try:
+            return [self._writes.erase(s, k) for s, k in zip(slots, keys, strict=True)]
+        finally:
+            self._gate.exit()
 
     def holds(self, slot: int) -> Key | None:
         """The key slot ``slot`` holds (per the last write or the open-time scan)."""
-        return self._key_of[slot]
+        return self._table.key_of[slot]
+
+    def sync(self) -> bool:
+        """fsync every slab file: chunks written so far survive a power loss. False if
+        any fsync failed."""
+        return self._files.sync()
+
+    def drop_page_cache(self) -> None:
+        """Write back and drop the slab files' pages from the page cache, so the next reads
+        come from the device (cold-cache benchmarks and tests). Best effort."""
+        self._files.drop_page_cache()
+
+    def close(self) -> None:
+        """Wait for in-flight operations, stop the pool, close the files, drop the lock.
+        Idempotent; later reads and writes fail (False)."""
+        if self._gate.close():
+            self._io.close()
+            self._files.close()
 
     def __enter__(self) -> DiskSlab:
         return self

@@ -1,4 +1,4 @@
-"""The write path of a DiskSlab: payloads, then headers (native or Python)."""
+"""The write path of a DiskSlab: payloads, then headers (native or Python), and erases."""
 
 from __future__ import annotations
 
@@ -10,102 +10,72 @@ from typing import cast
 import numpy as np
 import torch
 
+from kvtier.contract import Buffers, Segments
 from kvtier.keys import Key
-from kvtier.tiers.base import Buffers, Segments
-from kvtier.tiers.disk.batching import SlabBatching
+from kvtier.tiers.disk.batching import native_batch, runs
 from kvtier.tiers.disk.buffers import Iovecs, Plan, Views, digest, io_all, plan_segments
-from kvtier.tiers.disk.format import (
-    HEADER_BYTES,
-    ZERO_HEADER,
-    pack_header,
-    pack_headers,
-)
-from kvtier.tiers.disk.native import NativeIO
+from kvtier.tiers.disk.format import HEADER_BYTES, ZERO_HEADER, pack_header, pack_headers
+from kvtier.tiers.disk.parts import SlabParts
 from kvtier.tiers.disk.state import Links
 
 
-class SlabWrites(SlabBatching):
-    """Writes and erases."""
+class SlabWriter:
+    """Writes chunks into a slab's files and records them in its slot table; erases them.
+
+    Each write is ``pwritev(payload + zero pad)`` then ``pwrite(header)``; from its start
+    until its header is written a slot holds nothing readable. Outcomes are per chunk:
+    failures are counted at the gate, never raised. The caller has validated the request
+    and been admitted by the gate (:class:`~kvtier.tiers.disk.slab.DiskSlab` does both).
+    """
+
+    def __init__(self, parts: SlabParts) -> None:
+        self._files, self._table, self._gate, self._io, self._native = parts
+        self._slot_bytes = parts.files.slot_bytes
 
     def write(
         self,
         slots: Sequence[int],
         keys: Sequence[Key],
         src: Sequence[Segments],
-        parents: Sequence[Key | None] | None = None,
+        parents: Sequence[Key | None] | None,
     ) -> list[bool]:
-        """Write whole payloads from ``src`` and record ``keys`` (and ``parents``).
-
-        ``parents[i]`` is the key before ``keys[i]`` in its chain (None for a chain start);
-        a restart re-admits a chunk only under its parent. Without ``parents`` the chunks
-        are readable until the slab closes but are not restored after a restart.
-        """
-        self._check_slots(slots, keys, src)
-        if parents is not None and len(parents) != len(keys):
-            raise ValueError(f"{len(parents)} parents for {len(keys)} keys")
-        if not self._enter():
-            return [False] * len(slots)
-        try:
-            if not self._backing_present(slots):
-                return [False] * len(slots)
-            if self._native is not None:
-                iov = Iovecs()
-                if all(iov.add(segs, self.slot_bytes, whole=True) for segs in src):
-                    return self._write_native(self._native, slots, keys, iov.to_buffers(), parents)
-            views = Views()
-            plans = [plan_segments(segs, self.slot_bytes, views, whole=True) for segs in src]
-            links = Links(parents)
-            return self._batch(
-                lambda i, j: self._write_run(slots, keys, plans, links, i, j),
-                self._runs(slots, plans),
-            )
-        finally:
-            self._exit()
+        """Write whole payloads from segments: the native path where every segment is
+        contiguous host memory, else the Python path (runs of consecutive slots)."""
+        if self._native is not None:
+            iov = Iovecs()
+            if all(iov.add(segs, self._slot_bytes, whole=True) for segs in src):
+                return self.write_buffers(slots, keys, iov.to_buffers(), parents)
+        views = Views()
+        plans = [plan_segments(segs, self._slot_bytes, views, whole=True) for segs in src]
+        links = Links(parents)
+        return self._io.batch(
+            lambda i, j: self._write_run(slots, keys, plans, links, i, j),
+            runs(slots, plans, self._files),
+        )
 
     def write_buffers(
         self,
         slots: Sequence[int],
         keys: Sequence[Key],
-        src: Buffers,
-        parents: Sequence[Key | None] | None = None,
-    ) -> list[bool]:
-        """:meth:`write` from host-memory addresses (:class:`~kvtier.tiers.base.Buffers`,
-        no gaps), same headers and outcomes; the native path only (RuntimeError without
-        it). Malformed buffers raise ValueError before any I/O."""
-        self._check_slots(slots, keys, range(len(src.start) - 1))
-        if parents is not None and len(parents) != len(keys):
-            raise ValueError(f"{len(parents)} parents for {len(keys)} keys")
-        self._check_buffers(src, len(slots), whole=True)
-        if self._native is None:
-            raise RuntimeError("DiskSlab.write_buffers needs the native data path")
-        if not self._enter():
-            return [False] * len(slots)
-        try:
-            if not self._backing_present(slots):
-                return [False] * len(slots)
-            return self._write_native(self._native, slots, keys, src, parents)
-        finally:
-            self._exit()
-
-    def _write_native(
-        self,
-        native: NativeIO,
-        slots: Sequence[int],
-        keys: Sequence[Key],
         bufs: Buffers,
         parents: Sequence[Key | None] | None,
     ) -> list[bool]:
-        """The native write path."""
+        """Write whole payloads from host-memory addresses: the native path (the caller
+        checked it is built)."""
+        native = self._native
+        assert native is not None
         n = len(slots)
         if not n:
             return []
+        table, files = self._table, self._files
         for s in slots:  # unreadable from here until its header is written
-            self._key_of[s] = None
-        batch = self._native_arrays(slots, bufs, None)
-        headers = pack_headers(keys, parents, self.namespace, self._take_seqs(n), self.slot_bytes)
-        hdr_offs = (batch.slots % self._spf) * HEADER_BYTES
-        seeds = np.array([self._seed(k) for k in keys], dtype=np.uint64)
-        pad = self._stride - self.slot_bytes
+            table.key_of[s] = None
+        batch = native_batch(files, slots, bufs, None)
+        first = table.take_seqs(n)
+        headers = pack_headers(keys, parents, table.namespace, first, self._slot_bytes)
+        hdr_offs = (batch.slots % files.spf) * HEADER_BYTES
+        seeds = np.array([table.seed(k) for k in keys], dtype=np.uint64)
+        pad = files.stride - self._slot_bytes
 
         def part(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
             return native.write(
@@ -120,31 +90,32 @@ class SlabWrites(SlabBatching):
                 hdr_offs[a:b],
             )
 
-        parts = self._spread(part, n)
+        parts = self._io.spread(part, n)
         status = np.concatenate([p[0] for p in parts]).tolist()
         sums = np.concatenate([p[1] for p in parts]).tolist()
         out = [st == 0 for st in status]
-        self._seed_of[batch.slots] = seeds  # before any key: a reader checks the key first
+        table.seed_of[batch.slots] = seeds  # before any key: a reader checks the key first
+        key_of, sum_of = table.key_of, table.sum_of
         for s, key, ok, checksum in zip(slots, keys, out, sums, strict=True):
             if ok:
-                self._sum_of[s] = checksum
-                self._key_of[s] = key
+                sum_of[s] = checksum
+                key_of[s] = key
         failed = n - sum(out)
         if failed:
-            self._count(io=failed)
+            self._gate.count(io=failed)
         return out
 
     def _header(self, key: Key, links: Links, k: int, bufs: list[memoryview]) -> tuple[bytes, int]:
         """(header, payload checksum) of chunk ``k``, whose payload was just written from
         ``bufs`` (the caller keeps them unchanged for the call)."""
-        checksum = digest(bufs, self._seed(key))
-        seq = self._take_seqs(1)
+        table = self._table
+        checksum = digest(bufs, table.seed(key))
         header = pack_header(
             key,
             links.parent(k),
-            self.namespace,
-            seq,
-            self.slot_bytes,
+            table.namespace,
+            table.take_seqs(1),
+            self._slot_bytes,
             checksum,
             parent_unknown=links.unknown,
         )
@@ -164,15 +135,17 @@ class SlabWrites(SlabBatching):
         alone (per-chunk outcomes)."""
         if j - i == 1:
             return [self._write_chunk(slots[i], keys[i], plans[i], links, i)]
+        table, files = self._table, self._files
         for k in range(i, j):
-            self._key_of[slots[k]] = None
+            table.key_of[slots[k]] = None
+        pad = files.pad
         bufs: list[memoryview] = []
         for k in range(i, j):
             bufs.extend(cast(list[memoryview], plans[k][0]))
-            if self._pad:
-                bufs.append(self._pad)
-        fd, offset = self._locate(slots[i])
-        total = (j - i) * self._stride
+            if pad:
+                bufs.append(pad)
+        fd, offset = files.locate(slots[i])
+        total = (j - i) * files.stride
         try:
             if io_all(os.pwritev, fd, bufs, offset, total) != total:
                 raise OSError("short write")
@@ -181,54 +154,44 @@ class SlabWrites(SlabBatching):
                 for k in range(i, j)
             ]
             headers = b"".join(h for h, _ in made)
-            if os.pwrite(fd, headers, (slots[i] % self._spf) * HEADER_BYTES) != len(headers):
+            if os.pwrite(fd, headers, (slots[i] % files.spf) * HEADER_BYTES) != len(headers):
                 raise OSError("short header write")
         except OSError:
             return [self._write_chunk(slots[k], keys[k], plans[k], links, k) for k in range(i, j)]
         for k, (_, checksum) in zip(range(i, j), made, strict=True):
-            self._sum_of[slots[k]] = checksum
-            self._seed_of[slots[k]] = self._seed(keys[k])
-            self._key_of[slots[k]] = keys[k]
+            table.hold(slots[k], keys[k], checksum, table.seed(keys[k]))
         return [True] * (j - i)
 
     def _write_chunk(self, slot: int, key: Key, plan: Plan, links: Links, k: int) -> bool:
         # Forget the old contents first: from here until the header is written, the slot
         # holds nothing readable.
-        self._key_of[slot] = None
-        bufs = self._with_scratch(plan)
+        table, files = self._table, self._files
+        table.key_of[slot] = None
+        bufs = self._io.with_scratch(plan)
         for st in plan[1]:
             if st.tensor is not None:
                 torch.frombuffer(bufs[st.pos], dtype=torch.uint8).copy_(st.tensor.reshape(-1))
-        fd, offset = self._locate(slot)
-        header_offset = (slot % self._spf) * HEADER_BYTES
+        fd, offset = files.locate(slot)
+        header_offset = (slot % files.spf) * HEADER_BYTES
         try:
             # Whole pages (with the zero pad): no read-modify-write of the last page.
-            out = [*bufs, self._pad] if self._pad else bufs
-            if io_all(os.pwritev, fd, out, offset, self._stride) != self._stride:
+            out = [*bufs, files.pad] if files.pad else bufs
+            if io_all(os.pwritev, fd, out, offset, files.stride) != files.stride:
                 raise OSError("short write")
             header, checksum = self._header(key, links, k, bufs)
             if os.pwrite(fd, header, header_offset) != HEADER_BYTES:
                 raise OSError("short header write")
         except OSError:
-            self._count(io=1)
+            self._gate.count(io=1)
             # Best effort: a stale header over a half-written payload would only fail its
             # checksum later, but erasing it keeps a restart from re-admitting it.
             with contextlib.suppress(OSError):
                 os.pwrite(fd, ZERO_HEADER, header_offset)
             return False
-        self._sum_of[slot] = checksum
-        self._seed_of[slot] = self._seed(key)
-        self._key_of[slot] = key
+        table.hold(slot, key, checksum, table.seed(key))
         return True
 
-    def erase(self, slots: Sequence[int], keys: Sequence[Key]) -> list[bool]:
-        """Forget chunks (persistently: their headers are zeroed), only where slot ``i``
-        still holds ``keys[i]``. For deletes; the scheduler must not let a write to these
-        slots run concurrently. Returns, per chunk, whether a header was erased."""
-        self._check_slots(slots, keys, keys)
-        if not self._enter():
-            return [False] * len(slots)
-        try:
-            return [self._erase(s, k) for s, k in zip(slots, keys, strict=True)]
-        finally:
-            self._exit()
+    def erase(self, slot: int, key: Key) -> bool:
+        """Forget ``slot``, in memory and on disk, if it holds ``key``; whether its header
+        was erased."""
+        return self._table.forget(slot, key) and self._files.zero_header(slot)
