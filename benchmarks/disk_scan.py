@@ -18,7 +18,8 @@ from typing import Any
 from common import fmt_bytes, format_table
 from kvtier.keys import KEY_BYTES, Namespace
 from kvtier.tiers.disk.format import SlabGeometry, pack_header, slab_file_name
-from kvtier.tiers.disk.slab import DiskSlab, DiskTier
+from kvtier.tiers.disk.slab import DiskSlab
+from kvtier.tools.slot_tier import DiskTier
 
 GiB = 1 << 30
 NS = Namespace("bench-model", "bench-layout").digest()

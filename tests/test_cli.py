@@ -236,7 +236,7 @@ def test_sim_cli_matches_brute_force_lru(tmp_path):
 
 
 def test_inspect_reports_a_disk_tier(tmp_path, capsys):
-    from kvtier.tiers.disk.slab import DiskTier
+    from kvtier.tools.slot_tier import DiskTier
 
     ns = bytes(range(16))
     tier = DiskTier(tmp_path / "d", 16 * 4096, 4096, ns)

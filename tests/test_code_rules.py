@@ -174,7 +174,7 @@ def test_the_inheritance_rule_sees_a_chain_through_imports():
     )
     assert "kvtier.contract.store.SlotStore" in graph.abstract
     assert [graph.project_depth(q) for q in ("x.A", "x.B", "x.C", "x.D")] == [0, 1, 2, 3]
-    assert graph.project_depth(graph.resolve("kvtier.tiers.disk.slab.DiskTier")) >= 1
+    assert graph.project_depth(graph.resolve("kvtier.tools.slot_tier.DiskTier")) >= 1
     unsafe = "kvtier.tiers.disk.private.UnsafeDirectory"
     assert graph.is_exception(unsafe) and graph.project_depth(unsafe) == 3
     assert not graph.is_exception("kvtier.tiers.disk.slab.DiskSlab")

@@ -42,9 +42,10 @@ from kvtier.tiers.disk.format import (
 )
 from kvtier.tiers.disk.native import native_io
 from kvtier.tiers.disk.restore import restorable, restore_index
-from kvtier.tiers.disk.slab import DiskSlab, DiskTier
+from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.tiers.index import SlotIndex
 from kvtier.tools.inspect import format_inspect, inspect_dir
+from kvtier.tools.slot_tier import DiskTier
 
 NS = Namespace("test-model", "layout-x", "tp1").digest()
 OTHER_NS = Namespace("other-model", "layout-x", "tp1").digest()
@@ -479,7 +480,7 @@ def test_second_owner_is_refused(tmpdir_path):
 WRITER = r"""
 import hashlib, sys, torch
 from kvtier.keys import chunk_keys
-from kvtier.tiers.disk.slab import DiskTier
+from kvtier.tools.slot_tier import DiskTier
 path, ns, ch = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
 tier = DiskTier(path, 48 * ch, ch, ns, threads=2, file_bytes=16 * ch)
 def payload(keys):
@@ -538,7 +539,7 @@ def test_killed_writer_leaves_no_wrong_bytes(tmpdir_path):
 FULL_DISK = r"""
 import hashlib, json, resource, signal, sys, torch
 from kvtier.keys import chunk_keys
-from kvtier.tiers.disk.slab import DiskTier
+from kvtier.tools.slot_tier import DiskTier
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
 path, ns, ch = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
 # Files: one 4 KiB header area, then 32 slots. Writes past slot 16 (+ a bit) fail.

@@ -13,7 +13,7 @@ from kvtier.stack.build import make_index, make_store
 from kvtier.stack.parse import resolved, tier_spec
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
-from kvtier.tiers.slot_tier import SlotTier
+from kvtier.tools.slot_tier import SlotTier
 
 NS = Namespace("tiers", "layout")
 

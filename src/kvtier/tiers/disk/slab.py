@@ -41,8 +41,8 @@ Inside an engine: the scheduler calls :meth:`DiskSlab.scan` and
 :func:`~kvtier.tiers.disk.restore.restore_index` to rebuild its
 :class:`~kvtier.tiers.index.SlotIndex` and passes each chunk's parent key to the worker;
 every worker opens its own :class:`DiskSlab` (one directory per rank) and moves bytes.
-:class:`DiskTier` composes both in one process. How segments become buffers lives in
-:mod:`kvtier.tiers.disk.buffers`.
+:class:`kvtier.tools.slot_tier.DiskTier` composes both in one process (tools and tests).
+How segments become buffers lives in :mod:`kvtier.tiers.disk.buffers`.
 
 :class:`DiskSlab` is a facade over collaborators that each do one job and are handed, in
 their constructors, the state they share (no base classes): the directory and its files
@@ -64,9 +64,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtier.contract import Buffers, Segments, SlotStore
-from kvtier.keys import NS_BYTES, Key, Namespace
-from kvtier.policies.registry import make_eviction_policy
-from kvtier.sources import HitSource
+from kvtier.keys import NS_BYTES, Key
 from kvtier.tiers.disk.batching import IOThreads
 from kvtier.tiers.disk.checks import check_buffers, check_slots
 from kvtier.tiers.disk.files import SlabFiles, scan_dir
@@ -75,11 +73,8 @@ from kvtier.tiers.disk.gate import SlabGate
 from kvtier.tiers.disk.native import native_io
 from kvtier.tiers.disk.parts import SlabParts
 from kvtier.tiers.disk.reads import SlabReader
-from kvtier.tiers.disk.restore import restore_index
 from kvtier.tiers.disk.state import SlotTable
 from kvtier.tiers.disk.writes import SlabWriter
-from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.slot_tier import SlotTier
 
 log = logging.getLogger(__name__)
 
@@ -317,54 +312,3 @@ class DiskSlab(SlotStore):
 
 
 # -- the whole tier in one process ------------------------------------------------------------
-
-
-class DiskTier(SlotTier):
-    """The disk tier in one process: a SlotIndex over a DiskSlab, rebuilt from the slab's
-    headers at open, so chunks stored before a restart (or a crash) are found again.
-
-    ``capacity_bytes // chunk_bytes`` slots; ``namespace`` is a Namespace or its 16-byte
-    digest. A second DiskTier (or DiskSlab) on the same directory raises TierUnavailable.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        capacity_bytes: int,
-        chunk_bytes: int,
-        namespace: bytes | Namespace,
-        eviction: str = "lru",
-        threads: int = 4,
-        *,
-        file_bytes: int = DEFAULT_FILE_BYTES,
-    ) -> None:
-        digest = namespace.digest() if isinstance(namespace, Namespace) else namespace
-        num_slots = capacity_bytes // chunk_bytes if chunk_bytes else 0
-        slab = DiskSlab(path, num_slots, chunk_bytes, digest, threads, file_bytes=file_bytes)
-        index = SlotIndex(num_slots, make_eviction_policy(eviction, num_slots))
-        try:
-            restored = restore_index(index, slab.records)
-        except BaseException:
-            slab.close()
-            raise
-        slab.records = []  # in the index now; a big tier's records weigh tens of MB
-        self.restored = restored
-        """Chunks re-admitted from disk at open."""
-        self.slab = slab
-        super().__init__("disk", HitSource.DISK, index, slab)
-
-    def delete(self, keys: Sequence[Key]) -> None:
-        # Also erase the headers, so a restart does not bring deleted keys back. Under the
-        # index lock: a freed slot cannot be reserved (and rewritten) before its erase.
-        self._check_open()
-        with self._lock:
-            for key in keys:
-                if not self.index.has(key):
-                    continue
-                slot = self.index.slot_of(key)
-                self.index.invalidate(key)
-                self.slab.erase([slot], [key])
-
-    def sync(self) -> bool:
-        """Make every chunk stored so far durable (fsync)."""
-        return self.slab.sync()

@@ -1,4 +1,5 @@
-"""A whole tier in one process: a convenience adapter over the one tier contract.
+"""A whole tier in one process, for tools, tests and benchmarks (not the runtime): a
+convenience adapter over the one tier contract, and the disk tier as one (:class:`DiskTier`).
 
 Not a second contract: a kind implements :class:`~kvtier.contract.TierIndex` and
 :class:`~kvtier.contract.SlotStore` (built by its ``TierKind``) and nothing else.
@@ -10,6 +11,7 @@ release, invalidate what failed.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 
@@ -17,8 +19,13 @@ import torch
 
 from kvtier.contract import SlotStore, TierIndex
 from kvtier.errors import TierError
-from kvtier.keys import Key
+from kvtier.keys import Key, Namespace
+from kvtier.policies.registry import make_eviction_policy
 from kvtier.sources import HitSource
+from kvtier.tiers.disk.format import DEFAULT_FILE_BYTES
+from kvtier.tiers.disk.restore import restore_index
+from kvtier.tiers.disk.slab import DiskSlab
+from kvtier.tiers.index import SlotIndex
 
 
 class SlotTier:
@@ -133,3 +140,54 @@ def _check_data(data: torch.Tensor, n: int, chunk_bytes: int) -> None:
         )
     if data.shape[0] < n:
         raise ValueError(f"data holds {data.shape[0]} chunks, {n} keys given")
+
+
+class DiskTier(SlotTier):
+    """The disk tier in one process: a SlotIndex over a DiskSlab, rebuilt from the slab's
+    headers at open, so chunks stored before a restart (or a crash) are found again.
+
+    ``capacity_bytes // chunk_bytes`` slots; ``namespace`` is a Namespace or its 16-byte
+    digest. A second DiskTier (or DiskSlab) on the same directory raises TierUnavailable.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        capacity_bytes: int,
+        chunk_bytes: int,
+        namespace: bytes | Namespace,
+        eviction: str = "lru",
+        threads: int = 4,
+        *,
+        file_bytes: int = DEFAULT_FILE_BYTES,
+    ) -> None:
+        digest = namespace.digest() if isinstance(namespace, Namespace) else namespace
+        num_slots = capacity_bytes // chunk_bytes if chunk_bytes else 0
+        slab = DiskSlab(path, num_slots, chunk_bytes, digest, threads, file_bytes=file_bytes)
+        index = SlotIndex(num_slots, make_eviction_policy(eviction, num_slots))
+        try:
+            restored = restore_index(index, slab.records)
+        except BaseException:
+            slab.close()
+            raise
+        slab.records = []  # in the index now; a big tier's records weigh tens of MB
+        self.restored = restored
+        """Chunks re-admitted from disk at open."""
+        self.slab = slab
+        super().__init__("disk", HitSource.DISK, index, slab)
+
+    def delete(self, keys: Sequence[Key]) -> None:
+        # Also erase the headers, so a restart does not bring deleted keys back. Under the
+        # index lock: a freed slot cannot be reserved (and rewritten) before its erase.
+        self._check_open()
+        with self._lock:
+            for key in keys:
+                if not self.index.has(key):
+                    continue
+                slot = self.index.slot_of(key)
+                self.index.invalidate(key)
+                self.slab.erase([slot], [key])
+
+    def sync(self) -> bool:
+        """Make every chunk stored so far durable (fsync)."""
+        return self.slab.sync()
