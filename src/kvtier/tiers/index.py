@@ -28,47 +28,11 @@ from typing import cast
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
 from kvtier.tiers.base import IndexListener
-from kvtier.tiers.index_entry import READY, STORING, IndexEntry, writing
+from kvtier.tiers.index_entry import READY, STORING, IndexEntry
+from kvtier.tiers.index_removal import drop_subtree, remove_entry
 from kvtier.tiers.index_restore import check_index, restore_entries
+from kvtier.tiers.recency import RecencyMemo
 from kvtier.tiers.runs import run_after, run_slots
-
-
-class RecencyMemo:
-    """Tells when refreshing a chain's recency would change nothing.
-
-    A touch of a chain prefix makes its keys the most recent, ancestors last. Doing it again
-    is a no-op while nothing changed the policy's order since, and the prefix is covered by
-    the last refresh: the index then skips it. Every change of the order must be reported
-    (:meth:`changed`), or a touch that matters is skipped.
-    """
-
-    __slots__ = ("_changes", "_fresh")
-
-    def __init__(self) -> None:
-        self._changes = 0
-        self._fresh: tuple[int, Sequence[Key], int] | None = None
-        """``(changes, chain, n)`` of the last refresh: the chain's first ``n`` keys were
-        made the most recent (chains only grow, so those keys stay as they were)."""
-
-    def changed(self) -> None:
-        """The policy's order may have changed (a store, removal, deferral, restore)."""
-        self._changes += 1
-
-    def refreshed(self, keys: Sequence[Key], n: int) -> None:
-        """``keys[:n]`` were just made the most recent, tail first."""
-        self._changes += 1
-        self._fresh = (self._changes, keys, n)
-
-    def is_fresh(self, keys: Sequence[Key]) -> bool:
-        """Whether the chain prefix ``keys`` is as a touch would leave it."""
-        n, fresh = len(keys), self._fresh
-        return (
-            n > 0
-            and fresh is not None
-            and fresh[0] == self._changes
-            and n <= fresh[2]
-            and fresh[1][n - 1] == keys[n - 1]  # chained keys: equal here, equal prefix
-        )
 
 
 class SlotIndex:
@@ -81,7 +45,11 @@ class SlotIndex:
         if num_slots < 0:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
         self.num_slots = num_slots
-        self.policy = policy
+        self._policy = policy
+        self._pending: tuple[Key, Key] | None = None
+        """A deferred ancestor touch (:meth:`reserve`): ``(parent, last)``, the path from
+        ``parent`` to the root still to be touched, and the deepest key that reservation
+        added, where the same chain's next store continues."""
         self._entries: dict[Key, IndexEntry] = {}
         self._slots: dict[Key, int] = {}
         """Slot of every entry, apart from the entries: a hit's slots are read for every
@@ -99,6 +67,32 @@ class SlotIndex:
         self.listener: IndexListener | None = None
         """Told when a key becomes readable, stops being readable, or leaves (tier events,
         :mod:`kvtier.events`); None (default) costs one test per change."""
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        """The eviction policy, its order settled (:meth:`settle`): what it shows is what
+        touching at once would have left."""
+        self.settle()
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: EvictionPolicy) -> None:
+        self.settle()
+        self._policy = policy
+
+    def settle(self) -> None:
+        """Do the ancestor touch a reservation deferred, if any (see :meth:`reserve`).
+        Every use of the policy but a reservation continuing the same chain does this
+        first; a request's end does too, so its cost stays with the request."""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._touch_ancestors(pending[0])
+
+    def admit_chain(self, keys: Sequence[Key]) -> int:
+        """The policy's :meth:`~kvtier.policies.eviction.EvictionPolicy.admit_chain`,
+        without settling: admission reads no recency order (the policy's contract)."""
+        return self._policy.admit_chain(keys)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -196,6 +190,9 @@ class SlotIndex:
             return []
         free = self._free
         need = len(keys) - len(free)
+        pending = self._pending
+        if pending is not None and (need > 0 or pending[1] != parent):
+            self.settle()  # not the same chain's next store: the order is read or changed
         if need > 0:
             evict_leaves(self, need, protect=parent)
         n = min(len(keys), len(free))
@@ -216,8 +213,15 @@ class SlotIndex:
         # The policy inserts children first (by default), then the existing ancestors are
         # touched: every ancestor stays more recent than its descendants, so recency orders
         # meet leaves first and eviction never has to scan past inner nodes.
-        self.policy.insert_chain(keys, parent)
-        self._touch_ancestors(parent)
+        self._policy.insert_chain(keys, parent)
+        # The touch is deferred: a chunked prefill stores its chain over many steps, and
+        # touching every ancestor at each was O(chain) per step. The next store of the same
+        # chain (under the last key stored here) touches a superset of these keys, tail
+        # first, after its own insert, which leaves exactly the order touching now would:
+        # each touched key ends at the recent end wherever it was, and an insert reads
+        # membership, never order (the policy's contract). Anything else settles first.
+        if parent is not None:
+            self._pending = (parent, keys[-1] if keys else parent)
         self.recency.changed()
         return slots
 
@@ -235,7 +239,7 @@ class SlotIndex:
             keys = e.run.keys
             parts.append(keys[e.pos :: -1] if e.pos + 1 < len(keys) else keys[::-1])
             key = entries[keys[0]].parent
-        self.policy.touch_many(parts[0] if len(parts) == 1 else [k for p in parts for k in p])
+        self._policy.touch_many(parts[0] if len(parts) == 1 else [k for p in parts for k in p])
 
     def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
         """Finish stores: successful keys become READY, failed ones are dropped with their
@@ -281,8 +285,9 @@ class SlotIndex:
         """One request's use of its chain ``keys`` (root first), for the eviction policy's
         reuse counting. Call once per request, before touching its hit."""
         held = self.prefix_len(keys)
-        self.policy.observe(keys, held)
-        if self.policy.observe_refreshes:
+        policy = self.policy  # settled
+        policy.observe(keys, held)
+        if policy.observe_refreshes:
             self.recency.refreshed(keys, held)
         else:
             self.recency.changed()
@@ -297,9 +302,10 @@ class SlotIndex:
         allocates its blocks, right after its first lookup observed the chain (a 128k-token
         hit: 8,192 moves, ~0.5 ms of the scheduler's step).
         """
+        self.settle()
         if self.recency.is_fresh(keys):
             return
-        self.policy.touch_many(reversed(keys))
+        self._policy.touch_many(reversed(keys))
         self.recency.refreshed(keys, len(keys))
 
     # -- removal ---------------------------------------------------------------------------
@@ -320,51 +326,8 @@ class SlotIndex:
             if key in self._entries and e.parent is None:
                 self._drop(key)
 
-    def _drop(self, key: Key) -> list[Key]:
-        """Remove a subtree; members being read (pinned) or written (a store in flight)
-        are doomed instead of freed, so their slot is never handed out while a copy still
-        uses it. They go when that copy ends (unpin, commit)."""
-        removed: list[Key] = []
-        order: list[Key] = []
-        stack = [key]
-        while stack:
-            k = stack.pop()
-            order.append(k)
-            stack.extend(self._entries[k].children)
-        # Leaves first so every parent is still there when its child detaches.
-        for k in reversed(order):
-            e = self._entries[k]
-            busy = e.pins > 0 or writing(e)
-            if busy or e.children:
-                # A busy node, or one a busy descendant keeps (as doomed): hidden now,
-                # removed when that copy ends.
-                if self.listener is not None and e.state == READY and not e.doomed:
-                    self.listener.unready(k)
-                e.doomed = True
-                continue
-            self._remove(k, evicted=False)
-            removed.append(k)
-        return removed
-
-    def _remove(self, key: Key, evicted: bool) -> None:
-        e = self._entries.pop(key)
-        del self._slots[key]
-        e.run.cut(e.pos)  # its successors there left first
-        if self.listener is not None:
-            if e.state == READY and not e.doomed:
-                self.listener.unready(key)
-            self.listener.removed(key)
-        if e.parent is not None:
-            p = self._entries.get(e.parent)
-            if p is not None:
-                p.children.remove(key)
-                if not p.children:
-                    self.policy.on_leaf(e.parent)
-                if p.doomed and not p.children and p.pins == 0 and not writing(p):
-                    self._remove(e.parent, evicted=False)
-        self.policy.remove(key, evicted=evicted)
-        self.recency.changed()
-        self._free.append(e.slot)
+    _drop = drop_subtree
+    _remove = remove_entry
 
     # -- integrity -------------------------------------------------------------------------
 
