@@ -53,7 +53,8 @@ class PerKeyIndex(SlotIndex):
             self._entries[key] = IndexEntry(slot, prev, run, pos)
             self._slots[key] = slot
             if prev is not None:
-                self._entries[prev].children.append(key)
+                p = self._entries[prev]
+                p.children = (*p.children, key)
             prev = key
             pos += 1
         self.policy.insert_chain(keys[:n], parent)
@@ -199,8 +200,8 @@ def test_run_paths_match_the_per_key_reference(sequence, capacity, policy):
     st.sampled_from(["lru", "chain-arc"]),
 )
 def test_policy_chain_passes_match_key_by_key(sequence, name):
-    """LRU's ``insert_chain`` and chain-ARC's ``touch_many`` (C-level passes) leave the
-    order a key at a time leaves."""
+    """LRU's ``insert_chain`` and chain-ARC's ``insert_chain`` and ``touch_many`` (C-level
+    passes) leave the order a key at a time leaves; removed keys come back as ghost hits."""
     cls = LRUPolicy if name == "lru" else ChainARCPolicy
     fast, ref = cls(8), cls(8)
     all_chains = chains()
@@ -212,11 +213,11 @@ def test_policy_chain_passes_match_key_by_key(sequence, name):
             if not new:
                 continue
             fast.insert_chain(new, None)
-            if name == "lru":
+            if isinstance(ref, ChainARCPolicy):  # key by key: ghost hits adapt p in order
+                ref.insert_chain_each(new, None)
+            else:
                 for k in reversed(new):
                     ref.insert(k)
-            else:
-                ref.insert_chain(new, None)
             held.update(new)
         elif op == "touch":
             mine = [k for k in keys if k in held]
@@ -237,3 +238,10 @@ def test_policy_chain_passes_match_key_by_key(sequence, name):
             fast.defer([k for k in keys if k in fast.t1][:1])
             ref.defer([k for k in keys if k in ref.t1][:1])
         assert list(fast.candidates()) == list(ref.candidates())
+        if isinstance(fast, ChainARCPolicy) and isinstance(ref, ChainARCPolicy):
+            assert (fast.p, list(fast.t2), list(fast.b1.items()), list(fast.b2)) == (
+                ref.p,
+                list(ref.t2),
+                list(ref.b1.items()),
+                list(ref.b2),
+            )

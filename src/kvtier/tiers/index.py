@@ -204,12 +204,13 @@ class SlotIndex:
         run.slots += slots
         # One pass in C per field: each key's parent is the key before it, its one child
         # the key after it (the last has none yet).
-        children = [*map(list, zip(keys[1:])), []]
+        children: list[tuple[Key, ...]] = [*zip(keys[1:]), ()]
         new = map(IndexEntry, slots, [parent, *keys[:-1]], repeat(run, n), count(pos), children)
         entries.update(zip(keys, new, strict=True))
         self._slots.update(zip(keys, slots, strict=True))
         if parent is not None and n:
-            entries[parent].children.append(keys[0])
+            p = entries[parent]
+            p.children = (*p.children, keys[0])
         # The policy inserts children first (by default), then the existing ancestors are
         # touched: every ancestor stays more recent than its descendants, so recency orders
         # meet leaves first and eviction never has to scan past inner nodes.

@@ -54,7 +54,7 @@ def remove_entry(index: Any, key: Key, evicted: bool) -> None:
     if e.parent is not None:
         p = index._entries.get(e.parent)
         if p is not None:
-            p.children.remove(key)
+            p.children = tuple(c for c in p.children if c != key)
             if not p.children:
                 index._policy.on_leaf(e.parent)
             if p.doomed and not p.children and p.pins == 0 and not writing(p):

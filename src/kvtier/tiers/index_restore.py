@@ -60,7 +60,8 @@ def restore_entries(index: Any, entries: Iterable[tuple[Key, int, Key | None]]) 
         index._entries[key] = IndexEntry(slot, parent, run, pos, state=READY)
         index._slots[key] = slot
         if parent is not None:
-            index._entries[parent].children.append(key)
+            p = index._entries[parent]
+            p.children = (*p.children, key)
         index.policy.insert(key)
         if index.listener is not None:
             index.listener.ready_run([key])
