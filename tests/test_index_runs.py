@@ -24,7 +24,7 @@ from kvtier.policies import make_eviction_policy
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import LRUPolicy
 from kvtier.tiers.index import SlotIndex, commit_each, evict_leaves
-from kvtier.tiers.index_entry import IndexEntry
+from kvtier.tiers.index_entry import IndexEntry, add_child
 from kvtier.tiers.runs import run_after
 
 
@@ -53,8 +53,7 @@ class PerKeyIndex(SlotIndex):
             self._entries[key] = IndexEntry(slot, prev, run, pos)
             self._slots[key] = slot
             if prev is not None:
-                p = self._entries[prev]
-                p.children = (*p.children, key)
+                add_child(self._entries[prev], key, pos)
             prev = key
             pos += 1
         self.policy.insert_chain(keys[:n], parent)

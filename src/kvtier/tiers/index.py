@@ -23,12 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from itertools import compress, count, repeat
 from operator import attrgetter, itemgetter
-from typing import cast
 
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
 from kvtier.tiers.base import IndexListener
-from kvtier.tiers.index_entry import READY, STORING, IndexEntry
+from kvtier.tiers.index_entry import READY, STORING, IndexEntry, add_child
 from kvtier.tiers.index_removal import drop_subtree, remove_entry
 from kvtier.tiers.index_restore import check_index, restore_entries
 from kvtier.tiers.recency import RecencyMemo
@@ -202,15 +201,13 @@ class SlotIndex:
         run, pos = run_after(entries[parent] if parent is not None else None)
         run.keys += keys
         run.slots += slots
-        # One pass in C per field: each key's parent is the key before it, its one child
-        # the key after it (the last has none yet).
-        children: list[tuple[Key, ...]] = [*zip(keys[1:]), ()]
-        new = map(IndexEntry, slots, [parent, *keys[:-1]], repeat(run, n), count(pos), children)
+        # One pass in C per field: each key's parent is the key before it (its children are
+        # the run's next members, not stored per key).
+        new = map(IndexEntry, slots, [parent, *keys[:-1]], repeat(run, n), count(pos))
         entries.update(zip(keys, new, strict=True))
         self._slots.update(zip(keys, slots, strict=True))
         if parent is not None and n:
-            p = entries[parent]
-            p.children = (*p.children, keys[0])
+            add_child(entries[parent], keys[0], pos)
         # The policy inserts children first (by default), then the existing ancestors are
         # touched: every ancestor stays more recent than its descendants, so recency orders
         # meet leaves first and eviction never has to scan past inner nodes.
@@ -388,39 +385,41 @@ def commit_each(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> li
     return dropped
 
 
-_STATE, _DOOMED, _DONE, _CHILDREN = (
+_STATE, _DOOMED, _DONE, _BRANCHES = (
     attrgetter("state"),
     attrgetter("doomed"),
     attrgetter("done"),
-    attrgetter("children"),
+    attrgetter("branches"),
 )
 
 
 def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> bool:
     """:func:`commit_chain`'s usual case in one pass per field: a store's own chain, all
-    successful, every key STORING (not doomed, not waiting), consecutive members of one run
-    whose first key's parent is READY (or the root), nothing branching off it. Then every
-    key becomes READY, exactly as the general loop would make them; False (nothing done)
-    when the case does not apply."""
+    successful, every key STORING (not doomed, not waiting), the last members of one run
+    (so the last key has no child) whose first key's parent is READY (or the root), nothing
+    branching off it. Then every key becomes READY, exactly as the general loop would make
+    them; False (nothing done) when the case does not apply."""
     n = len(keys)
     entries = index._entries
     if n == 0 or False in ok:
         return False
-    found = list(map(entries.get, keys))
-    if None in found:
+    e0 = entries.get(keys[0])
+    if e0 is None:
         return False
-    es = cast("list[IndexEntry]", found)
-    e0 = es[0]
     run = e0.run.keys
-    if run[e0.pos : e0.pos + n] != (keys if isinstance(keys, list) else list(keys)):
-        return False  # not one path of the tree
+    if e0.pos + n != len(run) or run[e0.pos :] != (keys if isinstance(keys, list) else [*keys]):
+        return False  # not the end of one path of the tree
     if e0.parent is not None and entries[e0.parent].state != READY:
         return False
-    if READY in map(_STATE, es) or True in map(_DOOMED, es) or True in map(_DONE, es):
-        return False
-    lens = list(map(len, map(_CHILDREN, es)))
-    if lens[-1] or lens.count(1) != n - 1:
-        return False  # a branch (or a waiting child) hangs off the chain: the general loop
+    es = list(map(entries.__getitem__, keys))  # run members: all present
+    # list.count passes (identity first, in C): faster than a generator's "x in map(...)".
+    if (
+        list(map(_STATE, es)).count(STORING) != n
+        or list(map(_DOOMED, es)).count(False) != n
+        or list(map(_DONE, es)).count(False) != n
+        or list(map(_BRANCHES, es)).count(()) != n
+    ):
+        return False  # a key settled, doomed or waiting, or a branch: the general loop
     for e in es:
         e.state = READY
     if index.listener is not None:
@@ -493,7 +492,7 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
         e = entries[key]
         if key == protect or e.state != READY or e.pins or e.doomed:
             continue
-        if len(e.children) > gone_children.get(key, 0):
+        if e.num_children() > gone_children.get(key, 0):
             inner.append(key)
             continue
         victims.append(key)
@@ -506,7 +505,7 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
     for key in victims:
         index._remove(key, evicted=True)
     if inner:  # those still inner now (this pass may have taken their last child)
-        index.policy.defer([k for k in inner if k in entries and entries[k].children])
+        index.policy.defer([k for k in inner if k in entries and entries[k].has_children()])
         index.recency.changed()
     index.evictions += len(victims)
     return victims

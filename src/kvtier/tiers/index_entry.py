@@ -12,11 +12,13 @@ READY = 1
 class IndexEntry:
     """One key's place in the index. A plain class with ``__slots__`` (not a dataclass): a
     reservation builds one per chunk through ``map``, 8,192 for a 128k-token store.
-    ``children`` is a tuple, replaced on change: a reservation's 1-tuples come from one
-    ``zip`` in C, where a list per chunk cost an allocation more and the collector's time
-    (~0.1 us a chunk)."""
 
-    __slots__ = ("children", "done", "doomed", "parent", "pins", "pos", "run", "slot", "state")
+    Children are not stored per entry: the one that follows it in its run is the run's next
+    member, and only the others (each the start of another run) are kept, in
+    ``branches``. A reservation then builds nothing per chunk but the entry (a child list
+    per chunk cost an allocation more and the collector's time, ~0.1 us a chunk)."""
+
+    __slots__ = ("branches", "done", "doomed", "parent", "pins", "pos", "run", "slot", "state")
 
     def __init__(
         self,
@@ -24,7 +26,6 @@ class IndexEntry:
         parent: Key | None,
         run: Run,
         pos: int,
-        children: tuple[Key, ...] = (),
         state: int = STORING,
     ) -> None:
         self.slot = slot
@@ -38,7 +39,29 @@ class IndexEntry:
         """Store finished but the parent is not READY yet."""
         self.doomed = False
         """Invalidated while pinned: removed at the last unpin."""
-        self.children = children
+        self.branches: tuple[Key, ...] = ()
+        """Children that start a run of their own (replaced, never changed in place)."""
+
+    @property
+    def children(self) -> tuple[Key, ...]:
+        """Its stored children: the next member of its run, if any, then ``branches``."""
+        keys = self.run.keys
+        if self.pos + 1 < len(keys):
+            return (keys[self.pos + 1], *self.branches)
+        return self.branches
+
+    def has_children(self) -> bool:
+        return self.pos + 1 < len(self.run.keys) or bool(self.branches)
+
+    def num_children(self) -> int:
+        return (self.pos + 1 < len(self.run.keys)) + len(self.branches)
+
+
+def add_child(parent: IndexEntry, child: Key, pos: int) -> None:
+    """``child`` joined the index under ``parent`` at position ``pos`` of its run: a
+    branch unless it continues the parent's run (``pos`` > 0)."""
+    if pos == 0:
+        parent.branches = (*parent.branches, child)
 
 
 def writing(e: IndexEntry) -> bool:

@@ -27,7 +27,7 @@ def drop_subtree(index: Any, key: Key) -> list[Key]:
     for k in reversed(order):
         e = index._entries[k]
         busy = e.pins > 0 or writing(e)
-        if busy or e.children:
+        if busy or e.has_children():
             # A busy node, or one a busy descendant keeps (as doomed): hidden now,
             # removed when that copy ends.
             if index.listener is not None and e.state == READY and not e.doomed:
@@ -54,10 +54,11 @@ def remove_entry(index: Any, key: Key, evicted: bool) -> None:
     if e.parent is not None:
         p = index._entries.get(e.parent)
         if p is not None:
-            p.children = tuple(c for c in p.children if c != key)
-            if not p.children:
+            if e.pos == 0:  # a branch of the parent (else the cut above detached it)
+                p.branches = tuple(c for c in p.branches if c != key)
+            if not p.has_children():
                 index._policy.on_leaf(e.parent)
-            if p.doomed and not p.children and p.pins == 0 and not writing(p):
+            if p.doomed and not p.has_children() and p.pins == 0 and not writing(p):
                 index._remove(e.parent, evicted=False)
     index._policy.remove(key, evicted=evicted)
     index.recency.changed()

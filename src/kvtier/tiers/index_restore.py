@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvtier.keys import Key
-from kvtier.tiers.index_entry import READY, IndexEntry
+from kvtier.tiers.index_entry import READY, IndexEntry, add_child
 from kvtier.tiers.runs import run_after
 
 
@@ -60,8 +60,7 @@ def restore_entries(index: Any, entries: Iterable[tuple[Key, int, Key | None]]) 
         index._entries[key] = IndexEntry(slot, parent, run, pos, state=READY)
         index._slots[key] = slot
         if parent is not None:
-            p = index._entries[parent]
-            p.children = (*p.children, key)
+            add_child(index._entries[parent], key, pos)
         index.policy.insert(key)
         if index.listener is not None:
             index.listener.ready_run([key])
