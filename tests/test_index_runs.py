@@ -24,12 +24,14 @@ from kvtier.policies import make_eviction_policy
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import LRUPolicy
 from kvtier.tiers.index import SlotIndex, commit_each, evict_leaves
-from kvtier.tiers.index_entry import IndexEntry, add_child
-from kvtier.tiers.runs import run_after
+from kvtier.tiers.index_entry import STORING, add_child
+from kvtier.tiers.runs import Run, run_after
 
 
 class PerKeyIndex(SlotIndex):
-    """The reference: reserve, commit and the ancestors' touch one key at a time."""
+    """The reference: reserve, commit and the ancestors' touch one key at a time (a
+    reservation appends to its run's columns key by key; commits go through the general
+    loop, entry views field by field)."""
 
     def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
         if not keys or (parent is not None and not self.has(parent)):
@@ -46,11 +48,16 @@ class PerKeyIndex(SlotIndex):
         n = min(len(keys), len(self._free))
         slots = [self._free.pop() for _ in range(n)]
         prev = parent
-        run, pos = run_after(self._entries[parent] if parent is not None else None)
-        run.keys += keys[:n]
-        run.slots += slots
+        if parent is None:
+            run, pos = Run(), 0
+        else:
+            e = self._entries[parent]
+            run, pos = run_after(e.run, e.pos, parent)
         for key, slot in zip(keys[:n], slots, strict=True):
-            self._entries[key] = IndexEntry(slot, prev, run, pos)
+            run.keys.append(key)
+            run.slots.append(slot)
+            run.state.append(STORING)
+            self._entries.add([key], run, pos)
             self._slots[key] = slot
             if prev is not None:
                 add_child(self._entries[prev], key, pos)

@@ -20,18 +20,18 @@ Invariants (checked by :meth:`SlotIndex.check`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import compress, count, repeat
-from operator import attrgetter, itemgetter
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, count
+from operator import itemgetter
 
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
 from kvtier.tiers.base import IndexListener
-from kvtier.tiers.index_entry import READY, STORING, IndexEntry, add_child
+from kvtier.tiers.index_entry import READY, STORING, EntryMap, IndexEntry, add_child
 from kvtier.tiers.index_removal import drop_subtree, remove_entry
 from kvtier.tiers.index_restore import check_index, restore_entries
 from kvtier.tiers.recency import RecencyMemo
-from kvtier.tiers.runs import run_after, run_slots
+from kvtier.tiers.runs import Run, run_after, run_slots
 
 
 class SlotIndex:
@@ -49,7 +49,8 @@ class SlotIndex:
         """A deferred ancestor touch (:meth:`reserve`): ``(parent, last)``, the path from
         ``parent`` to the root still to be touched, and the deepest key that reservation
         added, where the same chain's next store continues."""
-        self._entries: dict[Key, IndexEntry] = {}
+        self._entries = EntryMap()  # key -> a view; the store paths use its two dicts:
+        self._runs, self._positions = self._entries.runs, self._entries.positions
         self._slots: dict[Key, int] = {}
         """Slot of every entry, apart from the entries: a hit's slots are read for every
         chunk of it, and a dict of ints answers them in one C-level pass (8,192 slots of a
@@ -103,12 +104,16 @@ class SlotIndex:
         return len(self._free)
 
     def is_ready(self, key: Key) -> bool:
-        return (e := self._entries.get(key)) is not None and e.state == READY and not e.doomed
+        run = self._runs.get(key)
+        if run is None:
+            return False
+        pos = self._positions[key]
+        return run.state[pos] == READY and pos not in run.doomed
 
     def has(self, key: Key) -> bool:
         """Present in any state (being stored or ready)."""
-        e = self._entries.get(key)
-        return e is not None and not e.doomed
+        run = self._runs.get(key)
+        return run is not None and self._positions[key] not in run.doomed
 
     def slot_of(self, key: Key) -> int:
         return self._slots[key]
@@ -135,7 +140,7 @@ class SlotIndex:
         """Slots of ``keys``, consecutive keys of one chain of this index (each the child
         of the one before; KeyError for an absent one): what :meth:`slots_of` answers, in
         O(runs * log chunks) (see the module docstring's *Runs*)."""
-        return run_slots(self._entries, keys)
+        return run_slots(self._runs, self._positions, keys)
 
     def ready_keys(self) -> list[Key]:
         return [k for k, e in self._entries.items() if e.state == READY and not e.doomed]
@@ -181,8 +186,8 @@ class SlotIndex:
         """
         if not keys or (parent is not None and not self.has(parent)):
             return []
-        entries = self._entries
-        cut = next(compress(count(), map(entries.__contains__, keys)), None)
+        runs = self._runs
+        cut = next(compress(count(), map(runs.__contains__, keys)), None)
         if cut is not None:
             keys = keys[:cut]
         if not keys:
@@ -198,16 +203,16 @@ class SlotIndex:
         keys = list(keys[:n])
         slots = free[len(free) - n :][::-1]  # popped from the end, as pop() would
         del free[len(free) - n :]
-        run, pos = run_after(entries[parent] if parent is not None else None)
-        run.keys += keys
-        run.slots += slots
-        # One pass in C per field: each key's parent is the key before it (its children are
-        # the run's next members, not stored per key).
-        new = map(IndexEntry, slots, [parent, *keys[:-1]], repeat(run, n), count(pos))
-        entries.update(zip(keys, new, strict=True))
+        if parent is None:
+            run, pos = Run(), 0
+        else:
+            run, pos = run_after(runs[parent], self._positions[parent], parent)
+        # Columns extended in C, nothing built per chunk (see kvtier.tiers.runs).
+        run.extend(keys, slots, STORING)
+        self._entries.add(keys, run, pos)
         self._slots.update(zip(keys, slots, strict=True))
         if parent is not None and n:
-            add_child(entries[parent], keys[0], pos)
+            add_child(self._entries[parent], keys[0], pos)
         # The policy inserts children first (by default), then the existing ancestors are
         # touched: every ancestor stays more recent than its descendants, so recency orders
         # meet leaves first and eviction never has to scan past inner nodes.
@@ -224,20 +229,9 @@ class SlotIndex:
         return slots
 
     def _touch_ancestors(self, key: Key | None) -> None:
-        """Touch ``key`` and its ancestors, deepest first (the root ends the most recent):
-        one slice per run the path passes through and one ``touch_many``, where a key at a
-        time cost a Python call per ancestor (a 128k-token prefill's later steps touch
-        thousands)."""
-        if key is None:
-            return
-        parts: list[list[Key]] = []
-        entries = self._entries
-        while key is not None:
-            e = entries[key]
-            keys = e.run.keys
-            parts.append(keys[e.pos :: -1] if e.pos + 1 < len(keys) else keys[::-1])
-            key = entries[keys[0]].parent
-        self._policy.touch_many(parts[0] if len(parts) == 1 else [k for p in parts for k in p])
+        """Touch ``key`` and its ancestors, deepest first (:func:`path_to_root`)."""
+        if key is not None:
+            self._policy.touch_many(path_to_root(self, key))
 
     def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
         """Finish stores: successful keys become READY, failed ones are dropped with their
@@ -334,6 +328,21 @@ class SlotIndex:
         check_index(self, self._entries, self._free)
 
 
+def path_to_root(index: SlotIndex, key: Key) -> list[Key]:
+    """``key`` and its ancestors, deepest first: one slice per run the path passes through,
+    for one ``touch_many``, where a key at a time cost a Python call per ancestor (a
+    128k-token prefill's later steps touch thousands)."""
+    parts: list[list[Key]] = []
+    runs, positions = index._runs, index._positions
+    k: Key | None = key
+    while k is not None:
+        run, pos = runs[k], positions[k]
+        keys = run.keys
+        parts.append(keys[pos::-1] if pos + 1 < len(keys) else keys[::-1])
+        k = run.parent
+    return parts[0] if len(parts) == 1 else [x for p in parts for x in p]
+
+
 def commit_chain(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
     """:meth:`SlotIndex.commit`. In-order promotions (each key's parent READY when the loop
     reaches it, no waiting child) are the fast path: nothing is recorded for them, and
@@ -385,49 +394,46 @@ def commit_each(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> li
     return dropped
 
 
-_STATE, _DOOMED, _DONE, _BRANCHES = (
-    attrgetter("state"),
-    attrgetter("doomed"),
-    attrgetter("done"),
-    attrgetter("branches"),
-)
-
-
 def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> bool:
-    """:func:`commit_chain`'s usual case in one pass per field: a store's own chain, all
+    """:func:`commit_chain`'s usual case on its run's columns: a store's own chain, all
     successful, every key STORING (not doomed, not waiting), the last members of one run
     (so the last key has no child) whose first key's parent is READY (or the root), nothing
     branching off it. Then every key becomes READY, exactly as the general loop would make
-    them; False (nothing done) when the case does not apply."""
+    them, in one slice assignment; False (nothing done) when the case does not apply."""
     n = len(keys)
-    entries = index._entries
     if n == 0 or False in ok:
         return False
-    e0 = entries.get(keys[0])
-    if e0 is None:
+    run = index._runs.get(keys[0])
+    if run is None:
         return False
-    run = e0.run.keys
-    if e0.pos + n != len(run) or run[e0.pos :] != (keys if isinstance(keys, list) else [*keys]):
+    pos = index._positions[keys[0]]
+    members = run.keys
+    if pos + n != len(members) or members[pos:] != (keys if isinstance(keys, list) else [*keys]):
         return False  # not the end of one path of the tree
-    if e0.parent is not None and entries[e0.parent].state != READY:
+    parent = members[pos - 1] if pos else run.parent
+    if parent is not None and not _settled(index, parent):
         return False
-    es = list(map(entries.__getitem__, keys))  # run members: all present
-    # list.count passes (identity first, in C): faster than a generator's "x in map(...)".
-    if (
-        list(map(_STATE, es)).count(STORING) != n
-        or list(map(_DOOMED, es)).count(False) != n
-        or list(map(_DONE, es)).count(False) != n
-        or list(map(_BRANCHES, es)).count(()) != n
-    ):
+    state = run.state
+    if state.find(READY, pos) >= 0 or _any_from(pos, run.doomed, run.done, run.branches):
         return False  # a key settled, doomed or waiting, or a branch: the general loop
-    for e in es:
-        e.state = READY
+    state[pos:] = bytes([READY]) * n
     if index.listener is not None:
-        tell_ready(index.listener, entries, keys, n, [])
+        tell_ready(index.listener, index._entries, keys, n, [])
     return True
 
 
-def promote(entries: dict[Key, IndexEntry], key: Key, rec: list[Key] | None) -> None:
+def _settled(index: SlotIndex, key: Key) -> bool:
+    """``key`` (present) is READY."""
+    return index._runs[key].state[index._positions[key]] == READY
+
+
+def _any_from(pos: int, *marks: Iterable[int]) -> bool:
+    """Whether any of the positions in ``marks`` (kept for a few members only) is ``pos`` or
+    after."""
+    return any(p >= pos for m in marks for p in m)
+
+
+def promote(entries: Mapping[Key, IndexEntry], key: Key, rec: list[Key] | None) -> None:
     """Make ``key`` READY, and the descendants whose stores ended while they waited for it,
     depth first (every parent before its children), appending them to ``rec``."""
     stack = [key]
@@ -443,7 +449,7 @@ def promote(entries: dict[Key, IndexEntry], key: Key, rec: list[Key] | None) -> 
 
 def tell_ready(
     listener: IndexListener,
-    entries: dict[Key, IndexEntry],
+    entries: Mapping[Key, IndexEntry],
     keys: Sequence[Key],
     head: int,
     rec: list[Key],
@@ -487,17 +493,19 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
     victims: list[Key] = []
     inner: list[Key] = []  # offered before their descendants: handed to policy.defer
     gone_children: dict[Key, int] = {}
-    entries = index._entries
+    entries, runs, positions = index._entries, index._runs, index._positions
     for key in index.policy.candidates():
-        e = entries[key]
-        if key == protect or e.state != READY or e.pins or e.doomed:
+        run, pos = runs[key], positions[key]  # the columns, not a view: a pass reads many
+        if key == protect or run.state[pos] != READY or pos in run.pins or pos in run.doomed:
             continue
-        if e.num_children() > gone_children.get(key, 0):
+        kids = (pos + 1 < len(run.keys)) + len(run.branches.get(pos, ()))
+        if kids > gone_children.get(key, 0):
             inner.append(key)
             continue
         victims.append(key)
-        if e.parent is not None:
-            gone_children[e.parent] = gone_children.get(e.parent, 0) + 1
+        parent = run.keys[pos - 1] if pos else run.parent
+        if parent is not None:
+            gone_children[parent] = gone_children.get(parent, 0) + 1
         if len(victims) == n:
             break
     if index.record_evictions:

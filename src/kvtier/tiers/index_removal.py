@@ -44,22 +44,25 @@ def remove_entry(index: Any, key: Key, evicted: bool) -> None:
     run's tail, its slot back to the free list; tell the listener and the policy, and
     remove a doomed parent it leaves idle."""
     index.settle()
-    e = index._entries.pop(key)
+    e = index._entries[key]
+    pos, parent, slot = e.pos, e.parent, e.slot
+    readable = e.state == READY and not e.doomed
+    index._entries.discard(key)
     del index._slots[key]
-    e.run.cut(e.pos)  # its successors there left first
+    e.run.cut(pos)  # its successors there left first
     if index.listener is not None:
-        if e.state == READY and not e.doomed:
+        if readable:
             index.listener.unready(key)
         index.listener.removed(key)
-    if e.parent is not None:
-        p = index._entries.get(e.parent)
+    if parent is not None:
+        p = index._entries.get(parent)
         if p is not None:
-            if e.pos == 0:  # a branch of the parent (else the cut above detached it)
+            if pos == 0:  # a branch of the parent (else the cut above detached it)
                 p.branches = tuple(c for c in p.branches if c != key)
             if not p.has_children():
-                index._policy.on_leaf(e.parent)
+                index._policy.on_leaf(parent)
             if p.doomed and not p.has_children() and p.pins == 0 and not writing(p):
-                index._remove(e.parent, evicted=False)
+                index._remove(parent, evicted=False)
     index._policy.remove(key, evicted=evicted)
     index.recency.changed()
-    index._free.append(e.slot)
+    index._free.append(slot)
