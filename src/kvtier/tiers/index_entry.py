@@ -62,10 +62,7 @@ class IndexEntry:
 
     @done.setter
     def done(self, value: bool) -> None:
-        if value:
-            self.run.done.add(self.pos)
-        else:
-            self.run.done.discard(self.pos)
+        _mark(self.run.done, self.pos, value)
 
     @property
     def doomed(self) -> bool:
@@ -74,10 +71,7 @@ class IndexEntry:
 
     @doomed.setter
     def doomed(self, value: bool) -> None:
-        if value:
-            self.run.doomed.add(self.pos)
-        else:
-            self.run.doomed.discard(self.pos)
+        _mark(self.run.doomed, self.pos, value)
 
     @property
     def branches(self) -> tuple[Key, ...]:
@@ -104,6 +98,13 @@ class IndexEntry:
 
     def num_children(self) -> int:
         return (self.pos + 1 < len(self.run.keys)) + len(self.branches)
+
+
+def _mark(marks: set[int], pos: int, value: bool) -> None:
+    if value:
+        marks.add(pos)
+    else:
+        marks.discard(pos)
 
 
 def add_child(parent: IndexEntry, child: Key, pos: int) -> None:
