@@ -251,3 +251,44 @@ def test_policy_chain_passes_match_key_by_key(sequence, name):
                 list(ref.b1.items()),
                 list(ref.b2),
             )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), st.sampled_from(EVICTION_POLICIES))
+def test_out_of_order_commits_of_one_chain_against_a_model(data, policy):
+    """A chain reserved in several stores, committed in any order, some failing: after each
+    commit the READY prefix is the stores committed well from the start, up to the first
+    failed one; nothing at or past a failed store stays visible; in the end only the READY
+    prefix holds slots. An oracle of its own, not the per-key reference, which shares the
+    run-level entries."""
+    sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+    keys = chunk_keys(list(range(4 * sum(sizes))), 4, b"ooo")
+    idx = SlotIndex(64, make_eviction_policy(policy, 64))
+    jobs: list[tuple[int, list[Key]]] = []
+    start = 0
+    for size in sizes:
+        job = keys[start : start + size]
+        assert len(idx.reserve(job, keys[start - 1] if start else None)) == size
+        jobs.append((start, job))
+        start += size
+    order = data.draw(st.permutations(range(len(jobs))))
+    fails = data.draw(st.lists(st.booleans(), min_size=len(jobs), max_size=len(jobs)))
+    good: set[int] = set()
+    failed_from = len(keys)
+    ready = 0
+    for j in order:
+        first, job = jobs[j]
+        idx.commit(job, [not fails[j]] * len(job))
+        if fails[j]:
+            failed_from = min(failed_from, first)
+        else:
+            good.add(j)
+        ready = 0
+        for i, (first2, job2) in enumerate(jobs):
+            if i not in good or first2 >= failed_from:
+                break
+            ready = first2 + len(job2)
+        assert idx.prefix_len(keys) == ready
+        assert idx.stored_len(keys) <= failed_from
+        idx.check()
+    assert len(idx) == ready and idx.free_slots == 64 - ready
