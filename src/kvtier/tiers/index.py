@@ -498,12 +498,11 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
         run, pos = runs[key], positions[key]  # the columns, not a view: a pass reads many
         if key == protect or run.state[pos] != READY or pos in run.pins or pos in run.doomed:
             continue
-        kids = (pos + 1 < len(run.keys)) + len(run.branches.get(pos, ()))
-        if kids > gone_children.get(key, 0):
+        if run.num_children(pos) > gone_children.get(key, 0):
             inner.append(key)
             continue
         victims.append(key)
-        parent = run.keys[pos - 1] if pos else run.parent
+        parent = run.parent_at(pos)
         if parent is not None:
             gone_children[parent] = gone_children.get(parent, 0) + 1
         if len(victims) == n:
@@ -513,7 +512,7 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
     for key in victims:
         index._remove(key, evicted=True)
     if inner:  # those still inner now (this pass may have taken their last child)
-        index.policy.defer([k for k in inner if k in entries and entries[k].has_children()])
+        index.policy.defer([k for k in inner if k in runs and runs[k].has_children(positions[k])])
         index.recency.changed()
     index.evictions += len(victims)
     return victims

@@ -33,7 +33,7 @@ class IndexEntry:
 
     @property
     def parent(self) -> Key | None:
-        return self.run.keys[self.pos - 1] if self.pos else self.run.parent
+        return self.run.parent_at(self.pos)
 
     @property
     def state(self) -> int:
@@ -94,10 +94,7 @@ class IndexEntry:
         return self.branches
 
     def has_children(self) -> bool:
-        return self.pos + 1 < len(self.run.keys) or self.pos in self.run.branches
-
-    def num_children(self) -> int:
-        return (self.pos + 1 < len(self.run.keys)) + len(self.branches)
+        return self.run.has_children(self.pos)
 
 
 def _mark(marks: set[int], pos: int, value: bool) -> None:
@@ -116,7 +113,7 @@ def add_child(parent: IndexEntry, child: Key, pos: int) -> None:
 
 def writing(e: IndexEntry) -> bool:
     """A store into the entry's slot may still be running."""
-    return e.state == STORING and not e.done
+    return e.run.writing(e.pos)
 
 
 class EntryMap(Mapping[Key, IndexEntry]):

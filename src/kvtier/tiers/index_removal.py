@@ -42,26 +42,30 @@ def drop_subtree(index: Any, key: Key) -> list[Key]:
 def remove_entry(index: Any, key: Key, evicted: bool) -> None:
     """Take ``key``, a leaf, out of ``index`` (``SlotIndex._remove``): its entry, its
     run's tail, its slot back to the free list; tell the listener and the policy, and
-    remove a doomed parent it leaves idle."""
+    remove a doomed parent it leaves idle. On the runs' columns (an eviction removes
+    thousands)."""
     index.settle()
-    e = index._entries[key]
-    pos, parent, slot = e.pos, e.parent, e.slot
-    readable = e.state == READY and not e.doomed
-    index._entries.discard(key)
+    runs, positions = index._runs, index._positions
+    run, pos = runs.pop(key), positions.pop(key)
+    parent, slot = run.parent_at(pos), run.slots[pos]
+    readable = run.state[pos] == READY and pos not in run.doomed
     del index._slots[key]
-    e.run.cut(pos)  # its successors there left first
+    run.cut(pos)  # its successors there left first
     if index.listener is not None:
         if readable:
             index.listener.unready(key)
         index.listener.removed(key)
-    if parent is not None:
-        p = index._entries.get(parent)
-        if p is not None:
-            if pos == 0:  # a branch of the parent (else the cut above detached it)
-                p.branches = tuple(c for c in p.branches if c != key)
-            if not p.has_children():
-                index._policy.on_leaf(parent)
-            if p.doomed and not p.has_children() and p.pins == 0 and not writing(p):
+    if parent is not None and parent in runs:
+        prun, ppos = runs[parent], positions[parent]
+        if pos == 0:  # a branch of the parent (else the cut above detached it)
+            kept = tuple(c for c in prun.branches[ppos] if c != key)
+            if kept:
+                prun.branches[ppos] = kept
+            else:
+                del prun.branches[ppos]
+        if not prun.has_children(ppos):
+            index._policy.on_leaf(parent)
+            if ppos in prun.doomed and ppos not in prun.pins and not prun.writing(ppos):
                 index._remove(parent, evicted=False)
     index._policy.remove(key, evicted=evicted)
     index.recency.changed()

@@ -53,6 +53,21 @@ class Run:
         self.slots += slots
         self.state += bytes([state]) * len(keys)
 
+    def parent_at(self, pos: int) -> Key | None:
+        """Parent of member ``pos``."""
+        return self.keys[pos - 1] if pos else self.parent
+
+    def has_children(self, pos: int) -> bool:
+        """Whether member ``pos`` has a stored child (the next member, or a branch)."""
+        return pos + 1 < len(self.keys) or pos in self.branches
+
+    def num_children(self, pos: int) -> int:
+        return (pos + 1 < len(self.keys)) + len(self.branches.get(pos, ()))
+
+    def writing(self, pos: int) -> bool:
+        """A store into member ``pos``'s slot may still be running."""
+        return self.state[pos] == STORING and pos not in self.done
+
     def cut(self, pos: int) -> None:
         """Member ``pos`` left (so had every member after it); what was kept for it by
         position goes with it."""
