@@ -396,10 +396,12 @@ def commit_each(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> li
 
 def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> bool:
     """:func:`commit_chain`'s usual case on its run's columns: a store's own chain, all
-    successful, every key STORING (not doomed, not waiting), the last members of one run
-    (so the last key has no child) whose first key's parent is READY (or the root), nothing
-    branching off it. Then every key becomes READY, exactly as the general loop would make
-    them, in one slice assignment; False (nothing done) when the case does not apply."""
+    successful, every key STORING (not doomed, not waiting), consecutive members of one run
+    whose first key's parent is READY (or the root), nothing branching off it, and the
+    member after the last (the same chain's next store, when that was reserved before this
+    commit came) not waiting to be promoted. Then every key becomes READY, exactly as the
+    general loop would make them, in one slice assignment; False (nothing done) when the
+    case does not apply."""
     n = len(keys)
     if n == 0 or False in ok:
         return False
@@ -407,30 +409,24 @@ def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> boo
     if run is None:
         return False
     pos = index._positions[keys[0]]
+    end = pos + n
     members = run.keys
-    if pos + n != len(members) or members[pos:] != (keys if isinstance(keys, list) else [*keys]):
-        return False  # not the end of one path of the tree
-    parent = members[pos - 1] if pos else run.parent
-    if parent is not None and not _settled(index, parent):
-        return False
+    if end > len(members) or members[pos:end] != (keys if isinstance(keys, list) else [*keys]):
+        return False  # not one path of the tree
+    parent = run.parent_at(pos)
+    if parent is not None:
+        prun = index._runs.get(parent)
+        if prun is None or prun.state[index._positions[parent]] != READY:
+            return False
     state = run.state
-    if state.find(READY, pos) >= 0 or _any_from(pos, run.doomed, run.done, run.branches):
-        return False  # a key settled, doomed or waiting, or a branch: the general loop
-    state[pos:] = bytes([READY]) * n
+    if state.find(READY, pos, end) >= 0 or end in run.done:
+        return False  # a key settled already, or a waiting child to promote: the loop
+    if any(pos <= p < end for m in (run.doomed, run.done, run.branches) for p in m):
+        return False  # a key doomed or waiting, or a branch: the general loop
+    state[pos:end] = bytes([READY]) * n
     if index.listener is not None:
         tell_ready(index.listener, index._entries, keys, n, [])
     return True
-
-
-def _settled(index: SlotIndex, key: Key) -> bool:
-    """``key`` (present) is READY."""
-    return index._runs[key].state[index._positions[key]] == READY
-
-
-def _any_from(pos: int, *marks: Iterable[int]) -> bool:
-    """Whether any of the positions in ``marks`` (kept for a few members only) is ``pos`` or
-    after."""
-    return any(p >= pos for m in marks for p in m)
 
 
 def promote(entries: Mapping[Key, IndexEntry], key: Key, rec: list[Key] | None) -> None:
