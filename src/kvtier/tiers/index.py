@@ -88,6 +88,7 @@ class SlotIndex:
         if pending is not None:
             self._pending = None
             self._touch_ancestors(pending[0])
+            self.recency.changed()
 
     def admit_chain(self, keys: Sequence[Key]) -> int:
         """The policy's :meth:`~kvtier.policies.eviction.EvictionPolicy.admit_chain`,
