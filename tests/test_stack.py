@@ -368,22 +368,21 @@ class OlderIndex:
         return getattr(self._index, name)
 
 
-def test_a_plugin_index_without_the_newer_methods_is_refused_at_build():
+def test_a_plugin_index_without_the_newer_methods_is_refused_at_build(monkeypatch):
     """The manager settles every tier's index when a request ends: an index that cannot is
     refused when the stack is built, naming the tier and the method, not mid-serving."""
     from dataclasses import replace
 
     from kvtier.errors import TierError
+    from kvtier.stack import registry
     from kvtier.stack.build import make_index
     from kvtier.stack.kinds import TierContext
     from kvtier.stack.parse import tier_spec
-    from kvtier.stack.registry import register_tier_kind, tier_kind
 
-    memory = tier_kind("memory")
+    memory = registry.tier_kind("memory")
     name = f"older-{uuid.uuid4().hex[:8]}"
-    register_tier_kind(
-        replace(memory, name=name, make_index=lambda s, c: OlderIndex(memory.make_index(s, c)))
-    )
+    older = replace(memory, name=name, make_index=lambda s, c: OlderIndex(memory.make_index(s, c)))
+    monkeypatch.setitem(registry._KINDS, name, older)  # registered for this test only
     ctx = TierContext(1024, Namespace("m", b"layout"))
     assert make_index(tier_spec({"kind": "memory", "capacity": 1 << 20}), ctx) is not None
     with pytest.raises(TierError, match=rf"tier '{name}'.*no admit_chain\(\)"):
