@@ -2,7 +2,7 @@
 """Write the option reference of docs/configuration.md from the typed config.
 
 The options are the fields of :class:`kvtier.config.KVTierConfig` (the keys of vLLM's
-``kv_connector_extra_config``), of :class:`kvtier.stack.spec.TierSpec` (the keys every
+``kv_connector_extra_config``), of :class:`kvtier.contract.TierSpec` (the keys every
 ``tiers`` entry has) and of each registered tier kind's options dataclass (the keys of that
 kind's entries). For each field this reads its type and default from the dataclass and its
 description from the attribute docstring under it in the source (``ast``), and writes the

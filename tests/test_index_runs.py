@@ -6,7 +6,8 @@ over run slices, and policies insert a chain and touch many keys in C-level pass
 reference (:class:`PerKeyIndex`) is the index as it was: one key at a time everywhere.
 Both run the same random operations on chains that share prefixes; after each operation
 every entry, the slot lists, the policy's eviction order and what each call returned
-must be identical.
+must be identical. A store's touch of its ancestors is deferred until the policy is used
+otherwise, so the orders are compared once that has happened.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from kvtier.policies import make_eviction_policy
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import LRUPolicy
 from kvtier.tiers.index import SlotIndex, commit_each, evict_leaves
-from kvtier.tiers.index_entry import IndexEntry
-from kvtier.tiers.runs import run_after
+from kvtier.tiers.index_entry import STORING, add_child
+from kvtier.tiers.runs import Run, run_after
 
 
 class PerKeyIndex(SlotIndex):
-    """The reference: reserve, commit and the ancestors' touch one key at a time."""
+    """The reference: reserve, commit and the ancestors' touch one key at a time (a
+    reservation appends to its run's columns key by key; commits go through the general
+    loop, entry views field by field)."""
 
     def reserve(self, keys: Sequence[Key], parent: Key | None) -> list[int]:
         if not keys or (parent is not None and not self.has(parent)):
@@ -45,14 +48,19 @@ class PerKeyIndex(SlotIndex):
         n = min(len(keys), len(self._free))
         slots = [self._free.pop() for _ in range(n)]
         prev = parent
-        run, pos = run_after(self._entries[parent] if parent is not None else None)
-        run.keys += keys[:n]
-        run.slots += slots
+        if parent is None:
+            run, pos = Run(), 0
+        else:
+            e = self._entries[parent]
+            run, pos = run_after(e.run, e.pos, parent)
         for key, slot in zip(keys[:n], slots, strict=True):
-            self._entries[key] = IndexEntry(slot, prev, run, pos)
+            run.keys.append(key)
+            run.slots.append(slot)
+            run.state.append(STORING)
+            self._entries.add([key], run, pos)
             self._slots[key] = slot
             if prev is not None:
-                self._entries[prev].children.append(key)
+                add_child(self._entries[prev], key, pos)
             prev = key
             pos += 1
         self.policy.insert_chain(keys[:n], parent)
@@ -69,6 +77,37 @@ class PerKeyIndex(SlotIndex):
         return commit_each(self, keys, ok)
 
 
+class TouchCounting(LRUPolicy):
+    """LRU that counts the keys ``touch_many`` moved."""
+
+    moved = 0
+
+    def touch_many(self, keys: Any) -> None:
+        keys = list(keys)
+        self.moved += len(keys)
+        super().touch_many(keys)
+
+
+def test_a_chunked_prefill_touches_its_ancestors_once():
+    """A chain stored in steps, each continuing the last: no step touches the ancestors
+    (the next store would touch them again); reading the order settles the last deferred
+    touch, and the order is the per-key reference's, which touches at every step."""
+    keys = chunk_keys(list(range(64)), 4, b"steps")
+    fast = SlotIndex(40, TouchCounting(40))
+    ref = PerKeyIndex(40, LRUPolicy(40))
+    other = chunk_keys([7] * 8, 4, b"steps")
+    for idx in (fast, ref):
+        idx.reserve(other, None)
+        for i in range(0, 16, 4):
+            slots = idx.reserve(keys[i : i + 4], keys[i - 1] if i else None)
+            idx.commit(keys[i : i + 4], [True] * len(slots))
+    policy = fast._policy
+    assert isinstance(policy, TouchCounting)
+    assert policy.moved == 0 and fast._pending == (keys[11], keys[15])
+    assert list(fast.policy.candidates()) == list(ref.policy.candidates())
+    assert policy.moved == 12 and fast._pending is None
+
+
 def chains() -> list[list[Key]]:
     """Chains sharing prefixes of 1-3 chunks, so the stored tree branches."""
     out = []
@@ -78,13 +117,17 @@ def chains() -> list[list[Key]]:
     return out
 
 
-def state(idx: SlotIndex) -> Any:
+def state(idx: SlotIndex, settled: bool = True) -> Any:
+    """Everything the index holds; the policy's order only when ``settled`` (reading it
+    settles a deferred ancestor touch, which a following store of the same chain must be
+    able to take over)."""
     entries = {
         k: (e.slot, e.parent, e.state, e.pins, e.done, e.doomed, list(e.children), e.pos)
         for k, e in idx._entries.items()
     }
     runs = {k: e.run.keys for k, e in idx._entries.items()}
-    return entries, runs, idx._free, list(idx.policy.candidates()), idx.evictions
+    order = list(idx.policy.candidates()) if settled else None
+    return entries, runs, idx._free, order, idx.evictions
 
 
 ops = st.lists(
@@ -140,8 +183,14 @@ def test_run_paths_match_the_per_key_reference(sequence, capacity, policy):
         elif op == "unpin" and pinned:
             pinned.pop()
         assert got[0] == got[1], op
-        assert state(fast) == state(ref), op
-        fast.check()
+        # After a store the fast index may hold a deferred touch: the order is compared
+        # after the next other operation, or a store of another chain, settles it.
+        settled = op not in ("store", "begin")
+        assert state(fast, settled) == state(ref, settled), op
+        if settled:
+            fast.check()
+    assert state(fast) == state(ref)
+    fast.check()
 
 
 @settings(max_examples=150, deadline=None)
@@ -157,8 +206,8 @@ def test_run_paths_match_the_per_key_reference(sequence, capacity, policy):
     st.sampled_from(["lru", "chain-arc"]),
 )
 def test_policy_chain_passes_match_key_by_key(sequence, name):
-    """LRU's ``insert_chain`` and chain-ARC's ``touch_many`` (C-level passes) leave the
-    order a key at a time leaves."""
+    """LRU's ``insert_chain`` and chain-ARC's ``insert_chain`` and ``touch_many`` (C-level
+    passes) leave the order a key at a time leaves; removed keys come back as ghost hits."""
     cls = LRUPolicy if name == "lru" else ChainARCPolicy
     fast, ref = cls(8), cls(8)
     all_chains = chains()
@@ -170,11 +219,11 @@ def test_policy_chain_passes_match_key_by_key(sequence, name):
             if not new:
                 continue
             fast.insert_chain(new, None)
-            if name == "lru":
+            if isinstance(ref, ChainARCPolicy):  # key by key: ghost hits adapt p in order
+                ref.insert_chain_each(new, None)
+            else:
                 for k in reversed(new):
                     ref.insert(k)
-            else:
-                ref.insert_chain(new, None)
             held.update(new)
         elif op == "touch":
             mine = [k for k in keys if k in held]
@@ -195,3 +244,51 @@ def test_policy_chain_passes_match_key_by_key(sequence, name):
             fast.defer([k for k in keys if k in fast.t1][:1])
             ref.defer([k for k in keys if k in ref.t1][:1])
         assert list(fast.candidates()) == list(ref.candidates())
+        if isinstance(fast, ChainARCPolicy) and isinstance(ref, ChainARCPolicy):
+            assert (fast.p, list(fast.t2), list(fast.b1.items()), list(fast.b2)) == (
+                ref.p,
+                list(ref.t2),
+                list(ref.b1.items()),
+                list(ref.b2),
+            )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), st.sampled_from(EVICTION_POLICIES))
+def test_out_of_order_commits_of_one_chain_against_a_model(data, policy):
+    """A chain reserved in several stores, committed in any order, some failing: after each
+    commit the READY prefix is the stores committed well from the start, up to the first
+    failed one; nothing at or past a failed store stays visible; in the end only the READY
+    prefix holds slots. An oracle of its own, not the per-key reference, which shares the
+    run-level entries."""
+    sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+    keys = chunk_keys(list(range(4 * sum(sizes))), 4, b"ooo")
+    idx = SlotIndex(64, make_eviction_policy(policy, 64))
+    jobs: list[tuple[int, list[Key]]] = []
+    start = 0
+    for size in sizes:
+        job = keys[start : start + size]
+        assert len(idx.reserve(job, keys[start - 1] if start else None)) == size
+        jobs.append((start, job))
+        start += size
+    order = data.draw(st.permutations(range(len(jobs))))
+    fails = data.draw(st.lists(st.booleans(), min_size=len(jobs), max_size=len(jobs)))
+    good: set[int] = set()
+    failed_from = len(keys)
+    ready = 0
+    for j in order:
+        first, job = jobs[j]
+        idx.commit(job, [not fails[j]] * len(job))
+        if fails[j]:
+            failed_from = min(failed_from, first)
+        else:
+            good.add(j)
+        ready = 0
+        for i, (first2, job2) in enumerate(jobs):
+            if i not in good or first2 >= failed_from:
+                break
+            ready = first2 + len(job2)
+        assert idx.prefix_len(keys) == ready
+        assert idx.stored_len(keys) <= failed_from
+        idx.check()
+    assert len(idx) == ready and idx.free_slots == 64 - ready

@@ -354,3 +354,37 @@ def test_a_chunk_counts_only_once_every_rank_stored_it():
     assert slow.leading(keys) is PENDING and slow.leading(keys) is PENDING
     time.sleep(0.06)
     assert slow.leading(keys) == 4
+
+
+class OlderIndex:
+    """A plugin's index written before ``admit_chain`` and ``settle`` joined the protocol:
+    the memory kind's, with those two hidden."""
+
+    def __init__(self, index: object) -> None:
+        self._index = index
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("admit_chain", "settle"):
+            raise AttributeError(name)
+        return getattr(self._index, name)
+
+
+def test_a_plugin_index_without_the_newer_methods_is_refused_at_build(monkeypatch):
+    """The manager settles every tier's index when a request ends: an index that cannot is
+    refused when the stack is built, naming the tier and the method, not mid-serving."""
+    from dataclasses import replace
+
+    from kvtier.contract import TierContext
+    from kvtier.errors import TierError
+    from kvtier.stack import registry
+    from kvtier.stack.build import make_index
+    from kvtier.stack.parse import tier_spec
+
+    memory = registry.tier_kind("memory")
+    name = f"older-{uuid.uuid4().hex[:8]}"
+    older = replace(memory, name=name, make_index=lambda s, c: OlderIndex(memory.make_index(s, c)))
+    monkeypatch.setitem(registry._KINDS, name, older)  # registered for this test only
+    ctx = TierContext(1024, Namespace("m", b"layout"))
+    assert make_index(tier_spec({"kind": "memory", "capacity": 1 << 20}), ctx) is not None
+    with pytest.raises(TierError, match=rf"tier '{name}'.*no admit_chain\(\)"):
+        make_index(tier_spec({"kind": name, "capacity": 1 << 20}), ctx)

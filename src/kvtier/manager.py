@@ -311,6 +311,8 @@ class CacheManager:
         if self.config.store_output_tokens:
             self._finish_stores += self._plan_store(req_id, tokens, num_computed, block_ids)
         self.arrivals.finished(req_id, req, tokens, num_computed)
+        for tier in self.stack.tiers:  # its stores' deferred ancestor touch: its own cost
+            tier.index.settle()
         req.finished = True
         if req.jobs:
             self._pending_release[req_id] = sorted(req.jobs)

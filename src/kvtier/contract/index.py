@@ -109,6 +109,13 @@ class TierIndex(Protocol):
         """A request's chain was looked up (once per request): policies that count reuse
         per request hear of it here."""
 
+    def admit_chain(self, keys: Sequence[Key]) -> int:
+        """How many leading ``keys`` (a chain the tier lacks) are worth storing now, by the
+        tier's eviction policy (asked when the tier is the stack's only one)."""
+
+    def settle(self) -> None:
+        """Finish any recency bookkeeping the index deferred (a request ended)."""
+
     def invalidate(self, key: Key) -> list[Key]:
         """Forget ``key`` and its descendants (their bytes failed a check)."""
 
@@ -179,6 +186,12 @@ class KeyAddressedIndex:
 
     def observe(self, keys: Sequence[Key]) -> None:
         return None  # the store's own policy decides what stays
+
+    def admit_chain(self, keys: Sequence[Key]) -> int:
+        return len(keys)  # the store's own policy decides what stays
+
+    def settle(self) -> None:
+        return None
 
     def invalidate(self, key: Key) -> list[Key]:
         if self.listener is not None:

@@ -53,6 +53,15 @@ class ChainARCPolicy(ARCPolicy):
         self.t1[key] = None
 
     def insert_chain(self, keys: Sequence[Key], parent: Key | None) -> None:
+        if self.b1.keys().isdisjoint(keys) and self.b2.keys().isdisjoint(keys):
+            # No ghost among them (the usual case): no ghost hit, so all go to T1, deepest
+            # first, in one C-level pass (what the loop below does then).
+            self.t1.update(zip(reversed(keys), repeat(None)))
+            return
+        self.insert_chain_each(keys, parent)
+
+    def insert_chain_each(self, keys: Sequence[Key], parent: Key | None) -> None:
+        """:meth:`insert_chain` a key at a time: ghost hits adapt ``p`` in order."""
         to_t2 = parent is None or parent in self.t2 or self.parked.get(parent, (False,))[0]
         n_t2 = 0
         for key in keys:

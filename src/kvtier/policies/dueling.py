@@ -130,11 +130,17 @@ class DuelingPolicy(EvictionPolicy):
         assert arc is not None
         return key in arc.t2 or key in arc.t1 or key in arc.parked
 
+    def _missing(self, keys: Sequence[Key]) -> int:
+        """How many of ``keys`` the tier does not hold (one C-level pass under LRU)."""
+        if self.lru is not None:
+            return len(keys) - sum(map(self.lru._order.__contains__, keys))
+        return sum(not self._has(k) for k in keys)
+
     def _lru_stored(self, keys: Sequence[Key]) -> None:
-        self.diverged += sum(not self._has(k) for k in keys)
+        self.diverged += self._missing(keys)
 
     def _lru_gone(self, keys: Sequence[Key]) -> None:
-        self.diverged -= sum(not self._has(k) for k in keys)
+        self.diverged -= self._missing(keys)
 
     # -- choosing the leader ---------------------------------------------------------------
 

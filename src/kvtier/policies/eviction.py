@@ -35,6 +35,10 @@ class EvictionPolicy(ABC):
 
     Ordering rule: the tier evicts leaves only, so a policy should yield a key after its
     stored descendants; a key it yields too early is skipped and handed to ``defer``.
+
+    ``insert_chain`` and ``admit_chain`` must not depend on the recency order (membership
+    and counts only): a slot index defers a store's touch of its ancestors past the same
+    chain's next insert (:meth:`kvtier.tiers.index.SlotIndex.reserve`).
     """
 
     observe_refreshes = False

@@ -24,6 +24,7 @@ stored or evicted key. Memory: ``capacity`` keys plus the policy's ghosts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import repeat
 
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
@@ -95,16 +96,13 @@ class ShadowCache:
                 new = new[: len(new) - (need - got)]
                 if not new:
                     return held
-        parent = self.parent
-        for key in new:
-            parent[key] = top
-            top = key
+        # Each new key's parent is the key before it (the first's, the held top); each but
+        # the last has one child: C-level passes, where a shadow replays hundreds a request.
+        self.parent.update(zip(new, [top, *new[:-1]], strict=True))
         if held:
             anc = keys[held - 1]
             self.children[anc] = self.children.get(anc, 0) + 1
-        children = self.children
-        for key in new[:-1]:
-            children[key] = 1
+        self.children.update(zip(new[:-1], repeat(1)))
         policy.insert_chain(new, keys[held - 1] if held else None)
         if held:  # as the tier does: ancestors stay more recent than their descendants
             policy.touch_many(keys[held - 1 :: -1])

@@ -45,6 +45,9 @@ def make_index(spec: TierSpec, ctx: TierContext) -> TierIndex:
             f"tier {spec.label!r}: the {kind.name} kind declares shared="
             f"{kind.capabilities(spec).shared} but its index says {index.shared}"
         )
+    for name in ("admit_chain", "settle"):  # added to TierIndex later than the rest
+        if not callable(getattr(index, name, None)):
+            raise TierError(f"tier {spec.label!r}: the {kind.name} kind's index has no {name}()")
     return index
 
 

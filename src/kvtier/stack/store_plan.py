@@ -62,7 +62,7 @@ def plan_store(
     todo = keys[present:n_full]
     todo = todo[: admission.admit_run(todo)]
     if len(stack) == 1:  # a next tier takes what this one stores: store it all
-        todo = todo[: tier.index.policy.admit_chain(todo)]  # type: ignore[attr-defined]
+        todo = todo[: tier.index.admit_chain(todo)]
     parent = keys[present - 1] if present else None
     slots, demotions = ctx.movement.reserve(t, todo, parent, req_id)
     if not slots:

@@ -20,60 +20,23 @@ Invariants (checked by :meth:`SlotIndex.check`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import compress, count, repeat
-from operator import attrgetter, itemgetter
-from typing import cast
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, count
+from operator import itemgetter
 
+from kvtier.contract import IndexListener
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
-from kvtier.tiers.base import IndexListener
-from kvtier.tiers.index_entry import READY, STORING, IndexEntry, writing
+from kvtier.tiers.index_entry import READY, STORING, EntryMap, IndexEntry, add_child
+from kvtier.tiers.index_removal import drop_subtree, remove_entry
 from kvtier.tiers.index_restore import check_index, restore_entries
-from kvtier.tiers.runs import run_after, run_slots
-
-
-class RecencyMemo:
-    """Tells when refreshing a chain's recency would change nothing.
-
-    A touch of a chain prefix makes its keys the most recent, ancestors last. Doing it again
-    is a no-op while nothing changed the policy's order since, and the prefix is covered by
-    the last refresh: the index then skips it. Every change of the order must be reported
-    (:meth:`changed`), or a touch that matters is skipped.
-    """
-
-    __slots__ = ("_changes", "_fresh")
-
-    def __init__(self) -> None:
-        self._changes = 0
-        self._fresh: tuple[int, Sequence[Key], int] | None = None
-        """``(changes, chain, n)`` of the last refresh: the chain's first ``n`` keys were
-        made the most recent (chains only grow, so those keys stay as they were)."""
-
-    def changed(self) -> None:
-        """The policy's order may have changed (a store, removal, deferral, restore)."""
-        self._changes += 1
-
-    def refreshed(self, keys: Sequence[Key], n: int) -> None:
-        """``keys[:n]`` were just made the most recent, tail first."""
-        self._changes += 1
-        self._fresh = (self._changes, keys, n)
-
-    def is_fresh(self, keys: Sequence[Key]) -> bool:
-        """Whether the chain prefix ``keys`` is as a touch would leave it."""
-        n, fresh = len(keys), self._fresh
-        return (
-            n > 0
-            and fresh is not None
-            and fresh[0] == self._changes
-            and n <= fresh[2]
-            and fresh[1][n - 1] == keys[n - 1]  # chained keys: equal here, equal prefix
-        )
+from kvtier.tiers.recency import RecencyMemo
+from kvtier.tiers.runs import Run, run_after, run_slots
 
 
 class SlotIndex:
     """Key -> slot map of a tier with ``num_slots`` fixed-size slots: the authoritative,
-    prefix-closed :class:`~kvtier.tiers.base.TierIndex`."""
+    prefix-closed :class:`~kvtier.contract.TierIndex`."""
 
     shared = False
 
@@ -81,8 +44,13 @@ class SlotIndex:
         if num_slots < 0:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
         self.num_slots = num_slots
-        self.policy = policy
-        self._entries: dict[Key, IndexEntry] = {}
+        self._policy = policy
+        self._pending: tuple[Key, Key] | None = None
+        """A deferred ancestor touch (:meth:`reserve`): ``(parent, last)``, the path from
+        ``parent`` to the root still to be touched, and the deepest key that reservation
+        added, where the same chain's next store continues."""
+        self._entries = EntryMap()  # key -> a view; the store paths use its two dicts:
+        self._runs, self._positions = self._entries.runs, self._entries.positions
         self._slots: dict[Key, int] = {}
         """Slot of every entry, apart from the entries: a hit's slots are read for every
         chunk of it, and a dict of ints answers them in one C-level pass (8,192 slots of a
@@ -100,6 +68,33 @@ class SlotIndex:
         """Told when a key becomes readable, stops being readable, or leaves (tier events,
         :mod:`kvtier.tier_events`); None (default) costs one test per change."""
 
+    @property
+    def policy(self) -> EvictionPolicy:
+        """The eviction policy, its order settled (:meth:`settle`): what it shows is what
+        touching at once would have left."""
+        self.settle()
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: EvictionPolicy) -> None:
+        self.settle()
+        self._policy = policy
+
+    def settle(self) -> None:
+        """Do the ancestor touch a reservation deferred, if any (see :meth:`reserve`).
+        Every use of the policy but a reservation continuing the same chain does this
+        first; a request's end does too, so its cost stays with the request."""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._touch_ancestors(pending[0])
+            self.recency.changed()
+
+    def admit_chain(self, keys: Sequence[Key]) -> int:
+        """The policy's :meth:`~kvtier.policies.eviction.EvictionPolicy.admit_chain`,
+        without settling: admission reads no recency order (the policy's contract)."""
+        return self._policy.admit_chain(keys)
+
     # -- queries ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -110,12 +105,16 @@ class SlotIndex:
         return len(self._free)
 
     def is_ready(self, key: Key) -> bool:
-        return (e := self._entries.get(key)) is not None and e.state == READY and not e.doomed
+        run = self._runs.get(key)
+        if run is None:
+            return False
+        pos = self._positions[key]
+        return run.state[pos] == READY and pos not in run.doomed
 
     def has(self, key: Key) -> bool:
         """Present in any state (being stored or ready)."""
-        e = self._entries.get(key)
-        return e is not None and not e.doomed
+        run = self._runs.get(key)
+        return run is not None and self._positions[key] not in run.doomed
 
     def slot_of(self, key: Key) -> int:
         return self._slots[key]
@@ -142,7 +141,7 @@ class SlotIndex:
         """Slots of ``keys``, consecutive keys of one chain of this index (each the child
         of the one before; KeyError for an absent one): what :meth:`slots_of` answers, in
         O(runs * log chunks) (see the module docstring's *Runs*)."""
-        return run_slots(self._entries, keys)
+        return run_slots(self._runs, self._positions, keys)
 
     def ready_keys(self) -> list[Key]:
         return [k for k, e in self._entries.items() if e.state == READY and not e.doomed]
@@ -188,54 +187,52 @@ class SlotIndex:
         """
         if not keys or (parent is not None and not self.has(parent)):
             return []
-        entries = self._entries
-        cut = next(compress(count(), map(entries.__contains__, keys)), None)
+        runs = self._runs
+        cut = next(compress(count(), map(runs.__contains__, keys)), None)
         if cut is not None:
             keys = keys[:cut]
         if not keys:
             return []
         free = self._free
         need = len(keys) - len(free)
+        pending = self._pending
+        if pending is not None and (need > 0 or pending[1] != parent):
+            self.settle()  # not the same chain's next store: the order is read or changed
         if need > 0:
             evict_leaves(self, need, protect=parent)
         n = min(len(keys), len(free))
         keys = list(keys[:n])
         slots = free[len(free) - n :][::-1]  # popped from the end, as pop() would
         del free[len(free) - n :]
-        run, pos = run_after(entries[parent] if parent is not None else None)
-        run.keys += keys
-        run.slots += slots
-        # One pass in C per field: each key's parent is the key before it, its one child
-        # the key after it (the last has none yet).
-        children = [*map(list, zip(keys[1:])), []]
-        new = map(IndexEntry, slots, [parent, *keys[:-1]], repeat(run, n), count(pos), children)
-        entries.update(zip(keys, new, strict=True))
+        if parent is None:
+            run, pos = Run(), 0
+        else:
+            run, pos = run_after(runs[parent], self._positions[parent], parent)
+        # Columns extended in C, nothing built per chunk (see kvtier.tiers.runs).
+        run.extend(keys, slots, STORING)
+        self._entries.add(keys, run, pos)
         self._slots.update(zip(keys, slots, strict=True))
         if parent is not None and n:
-            entries[parent].children.append(keys[0])
+            add_child(self._entries[parent], keys[0], pos)
         # The policy inserts children first (by default), then the existing ancestors are
         # touched: every ancestor stays more recent than its descendants, so recency orders
         # meet leaves first and eviction never has to scan past inner nodes.
-        self.policy.insert_chain(keys, parent)
-        self._touch_ancestors(parent)
+        self._policy.insert_chain(keys, parent)
+        # The touch is deferred: a chunked prefill stores its chain over many steps, and
+        # touching every ancestor at each was O(chain) per step. The next store of the same
+        # chain (under the last key stored here) touches a superset of these keys, tail
+        # first, after its own insert, which leaves exactly the order touching now would:
+        # each touched key ends at the recent end wherever it was, and an insert reads
+        # membership, never order (the policy's contract). Anything else settles first.
+        if parent is not None:
+            self._pending = (parent, keys[-1] if keys else parent)
         self.recency.changed()
         return slots
 
     def _touch_ancestors(self, key: Key | None) -> None:
-        """Touch ``key`` and its ancestors, deepest first (the root ends the most recent):
-        one slice per run the path passes through and one ``touch_many``, where a key at a
-        time cost a Python call per ancestor (a 128k-token prefill's later steps touch
-        thousands)."""
-        if key is None:
-            return
-        parts: list[list[Key]] = []
-        entries = self._entries
-        while key is not None:
-            e = entries[key]
-            keys = e.run.keys
-            parts.append(keys[e.pos :: -1] if e.pos + 1 < len(keys) else keys[::-1])
-            key = entries[keys[0]].parent
-        self.policy.touch_many(parts[0] if len(parts) == 1 else [k for p in parts for k in p])
+        """Touch ``key`` and its ancestors, deepest first (:func:`path_to_root`)."""
+        if key is not None:
+            self._policy.touch_many(path_to_root(self, key))
 
     def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
         """Finish stores: successful keys become READY, failed ones are dropped with their
@@ -281,8 +278,9 @@ class SlotIndex:
         """One request's use of its chain ``keys`` (root first), for the eviction policy's
         reuse counting. Call once per request, before touching its hit."""
         held = self.prefix_len(keys)
-        self.policy.observe(keys, held)
-        if self.policy.observe_refreshes:
+        policy = self.policy  # settled
+        policy.observe(keys, held)
+        if policy.observe_refreshes:
             self.recency.refreshed(keys, held)
         else:
             self.recency.changed()
@@ -297,9 +295,10 @@ class SlotIndex:
         allocates its blocks, right after its first lookup observed the chain (a 128k-token
         hit: 8,192 moves, ~0.5 ms of the scheduler's step).
         """
+        self.settle()
         if self.recency.is_fresh(keys):
             return
-        self.policy.touch_many(reversed(keys))
+        self._policy.touch_many(reversed(keys))
         self.recency.refreshed(keys, len(keys))
 
     # -- removal ---------------------------------------------------------------------------
@@ -320,57 +319,29 @@ class SlotIndex:
             if key in self._entries and e.parent is None:
                 self._drop(key)
 
-    def _drop(self, key: Key) -> list[Key]:
-        """Remove a subtree; members being read (pinned) or written (a store in flight)
-        are doomed instead of freed, so their slot is never handed out while a copy still
-        uses it. They go when that copy ends (unpin, commit)."""
-        removed: list[Key] = []
-        order: list[Key] = []
-        stack = [key]
-        while stack:
-            k = stack.pop()
-            order.append(k)
-            stack.extend(self._entries[k].children)
-        # Leaves first so every parent is still there when its child detaches.
-        for k in reversed(order):
-            e = self._entries[k]
-            busy = e.pins > 0 or writing(e)
-            if busy or e.children:
-                # A busy node, or one a busy descendant keeps (as doomed): hidden now,
-                # removed when that copy ends.
-                if self.listener is not None and e.state == READY and not e.doomed:
-                    self.listener.unready(k)
-                e.doomed = True
-                continue
-            self._remove(k, evicted=False)
-            removed.append(k)
-        return removed
-
-    def _remove(self, key: Key, evicted: bool) -> None:
-        e = self._entries.pop(key)
-        del self._slots[key]
-        e.run.cut(e.pos)  # its successors there left first
-        if self.listener is not None:
-            if e.state == READY and not e.doomed:
-                self.listener.unready(key)
-            self.listener.removed(key)
-        if e.parent is not None:
-            p = self._entries.get(e.parent)
-            if p is not None:
-                p.children.remove(key)
-                if not p.children:
-                    self.policy.on_leaf(e.parent)
-                if p.doomed and not p.children and p.pins == 0 and not writing(p):
-                    self._remove(e.parent, evicted=False)
-        self.policy.remove(key, evicted=evicted)
-        self.recency.changed()
-        self._free.append(e.slot)
+    _drop = drop_subtree
+    _remove = remove_entry
 
     # -- integrity -------------------------------------------------------------------------
 
     def check(self) -> None:
         """Raise AssertionError if an invariant is broken (tests and debugging)."""
         check_index(self, self._entries, self._free)
+
+
+def path_to_root(index: SlotIndex, key: Key) -> list[Key]:
+    """``key`` and its ancestors, deepest first: one slice per run the path passes through,
+    for one ``touch_many``, where a key at a time cost a Python call per ancestor (a
+    128k-token prefill's later steps touch thousands)."""
+    parts: list[list[Key]] = []
+    runs, positions = index._runs, index._positions
+    k: Key | None = key
+    while k is not None:
+        run, pos = runs[k], positions[k]
+        keys = run.keys
+        parts.append(keys[pos::-1] if pos + 1 < len(keys) else keys[::-1])
+        k = run.parent
+    return parts[0] if len(parts) == 1 else [x for p in parts for x in p]
 
 
 def commit_chain(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
@@ -424,47 +395,42 @@ def commit_each(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> li
     return dropped
 
 
-_STATE, _DOOMED, _DONE, _CHILDREN = (
-    attrgetter("state"),
-    attrgetter("doomed"),
-    attrgetter("done"),
-    attrgetter("children"),
-)
-
-
 def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> bool:
-    """:func:`commit_chain`'s usual case in one pass per field: a store's own chain, all
+    """:func:`commit_chain`'s usual case on its run's columns: a store's own chain, all
     successful, every key STORING (not doomed, not waiting), consecutive members of one run
-    whose first key's parent is READY (or the root), nothing branching off it. Then every
-    key becomes READY, exactly as the general loop would make them; False (nothing done)
-    when the case does not apply."""
+    whose first key's parent is READY (or the root), nothing branching off it, and the
+    member after the last (the same chain's next store, when that was reserved before this
+    commit came) not waiting to be promoted. Then every key becomes READY, exactly as the
+    general loop would make them, in one slice assignment; False (nothing done) when the
+    case does not apply."""
     n = len(keys)
-    entries = index._entries
     if n == 0 or False in ok:
         return False
-    found = list(map(entries.get, keys))
-    if None in found:
+    run = index._runs.get(keys[0])
+    if run is None:
         return False
-    es = cast("list[IndexEntry]", found)
-    e0 = es[0]
-    run = e0.run.keys
-    if run[e0.pos : e0.pos + n] != (keys if isinstance(keys, list) else list(keys)):
+    pos = index._positions[keys[0]]
+    end = pos + n
+    members = run.keys
+    if end > len(members) or members[pos:end] != (keys if isinstance(keys, list) else [*keys]):
         return False  # not one path of the tree
-    if e0.parent is not None and entries[e0.parent].state != READY:
-        return False
-    if READY in map(_STATE, es) or True in map(_DOOMED, es) or True in map(_DONE, es):
-        return False
-    lens = list(map(len, map(_CHILDREN, es)))
-    if lens[-1] or lens.count(1) != n - 1:
-        return False  # a branch (or a waiting child) hangs off the chain: the general loop
-    for e in es:
-        e.state = READY
+    parent = run.parent_at(pos)
+    if parent is not None:
+        prun = index._runs.get(parent)
+        if prun is None or prun.state[index._positions[parent]] != READY:
+            return False
+    state = run.state
+    if state.find(READY, pos, end) >= 0 or end in run.done:
+        return False  # a key settled already, or a waiting child to promote: the loop
+    if any(pos <= p < end for m in (run.doomed, run.done, run.branches) for p in m):
+        return False  # a key doomed or waiting, or a branch: the general loop
+    state[pos:end] = bytes([READY]) * n
     if index.listener is not None:
-        tell_ready(index.listener, entries, keys, n, [])
+        tell_ready(index.listener, index._entries, keys, n, [])
     return True
 
 
-def promote(entries: dict[Key, IndexEntry], key: Key, rec: list[Key] | None) -> None:
+def promote(entries: Mapping[Key, IndexEntry], key: Key, rec: list[Key] | None) -> None:
     """Make ``key`` READY, and the descendants whose stores ended while they waited for it,
     depth first (every parent before its children), appending them to ``rec``."""
     stack = [key]
@@ -480,7 +446,7 @@ def promote(entries: dict[Key, IndexEntry], key: Key, rec: list[Key] | None) -> 
 
 def tell_ready(
     listener: IndexListener,
-    entries: dict[Key, IndexEntry],
+    entries: Mapping[Key, IndexEntry],
     keys: Sequence[Key],
     head: int,
     rec: list[Key],
@@ -524,17 +490,18 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
     victims: list[Key] = []
     inner: list[Key] = []  # offered before their descendants: handed to policy.defer
     gone_children: dict[Key, int] = {}
-    entries = index._entries
+    entries, runs, positions = index._entries, index._runs, index._positions
     for key in index.policy.candidates():
-        e = entries[key]
-        if key == protect or e.state != READY or e.pins or e.doomed:
+        run, pos = runs[key], positions[key]  # the columns, not a view: a pass reads many
+        if key == protect or run.state[pos] != READY or pos in run.pins or pos in run.doomed:
             continue
-        if len(e.children) > gone_children.get(key, 0):
+        if run.num_children(pos) > gone_children.get(key, 0):
             inner.append(key)
             continue
         victims.append(key)
-        if e.parent is not None:
-            gone_children[e.parent] = gone_children.get(e.parent, 0) + 1
+        parent = run.parent_at(pos)
+        if parent is not None:
+            gone_children[parent] = gone_children.get(parent, 0) + 1
         if len(victims) == n:
             break
     if index.record_evictions:
@@ -542,7 +509,7 @@ def _eviction_pass(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:
     for key in victims:
         index._remove(key, evicted=True)
     if inner:  # those still inner now (this pass may have taken their last child)
-        index.policy.defer([k for k in inner if k in entries and entries[k].children])
+        index.policy.defer([k for k in inner if k in runs and runs[k].has_children(positions[k])])
         index.recency.changed()
     index.evictions += len(victims)
     return victims

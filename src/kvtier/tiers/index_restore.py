@@ -4,15 +4,15 @@ take: typed ``Any`` here, as this module sits below the index's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvtier.keys import Key
-from kvtier.tiers.index_entry import READY, IndexEntry
-from kvtier.tiers.runs import run_after
+from kvtier.tiers.index_entry import READY, IndexEntry, add_child
+from kvtier.tiers.runs import Run, run_after
 
 
-def check_index(index: Any, entries: dict[Key, IndexEntry], free: list[int]) -> None:
+def check_index(index: Any, entries: Mapping[Key, IndexEntry], free: list[int]) -> None:
     """The invariants of the module docstring, asserted."""
     used = {e.slot for e in entries.values()}
     assert len(used) == len(entries), "two keys share a slot"
@@ -34,7 +34,10 @@ def check_index(index: Any, entries: dict[Key, IndexEntry], free: list[int]) -> 
         if e.pos > 0:
             assert e.parent == run.keys[e.pos - 1], "a run is not a path"
     for run in {id(e.run): e.run for e in entries.values()}.values():
-        assert len(run.keys) == len(run.slots)
+        assert len(run.keys) == len(run.slots) == len(run.state)
+        marked = (*run.pins, *run.done, *run.doomed, *run.branches)
+        assert all(0 <= p < len(run.keys) for p in marked), "a mark past its run's end"
+        assert all(run.pins.values()) and all(run.branches.values()), "an empty mark kept"
         assert all(k in entries and entries[k].run is run for k in run.keys), "run holds a gone key"
 
 
@@ -54,13 +57,15 @@ def restore_entries(index: Any, entries: Iterable[tuple[Key, int, Key | None]]) 
         if parent is not None and parent not in index._entries:
             raise ValueError("restore: a parent must come before its children")
         taken.add(slot)
-        run, pos = run_after(index._entries[parent] if parent is not None else None)
-        run.keys.append(key)
-        run.slots.append(slot)
-        index._entries[key] = IndexEntry(slot, parent, run, pos, state=READY)
+        if parent is None:
+            run, pos = Run(), 0
+        else:
+            run, pos = run_after(index._runs[parent], index._positions[parent], parent)
+        run.extend([key], [slot], READY)
+        index._entries.add([key], run, pos)
         index._slots[key] = slot
         if parent is not None:
-            index._entries[parent].children.append(key)
+            add_child(index._entries[parent], key, pos)
         index.policy.insert(key)
         if index.listener is not None:
             index.listener.ready_run([key])
