@@ -110,15 +110,8 @@ class CacheManager:
         self._store_ctx = StoreContext(
             stack, self.movement, self.jobs, self.chunk_tokens, self.blocks_per_chunk
         )
-        self.loads = LoadPlanner(
-            config.sync_budget,
-            layout,
-            stack,
-            self.jobs,
-            self.metrics,
-            self.chunk_tokens,
-            block_tokens,
-        )
+        loads = (config.sync_budget, layout, stack, self.jobs, self.metrics)
+        self.loads = LoadPlanner(*loads, self.chunk_tokens, block_tokens)
         self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
         self.arrivals = Arrivals(config, layout, self.chunk_tokens, self.movement)
