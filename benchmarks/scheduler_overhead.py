@@ -468,8 +468,8 @@ def measure_scheduler(
     # Nothing leaked: no pin, no in-flight job, no in-flight key.
     assert not m.has_pending_jobs(), case.name
     for tier in m.tiers:
-        assert all(e.pins == 0 for e in tier.index._entries.values()), case.name
-    assert not m._loading, case.name
+        assert all(e.pins == 0 for e in tier.index.entries.values()), case.name
+    assert not m.loads.loading, case.name
     return {
         "mode": "async" if checks[0][1] else "sync",
         "load_jobs": jobs,

@@ -87,7 +87,7 @@ def check(engine: MiniEngine, log: TierEvents, state: list[set[Key]]) -> None:
         assert state[t] == set(tier.index.ready_keys()), tier.name
         assert log.announced[t] == len(state[t])
     log.take()  # forgets the names of chunks gone from every tier
-    present = {k for tier in tiers for k in tier.index._entries}
+    present = {k for tier in tiers for k in tier.index.entries}
     assert log.starts() <= present  # bounded by what the tiers hold
     assert log.unknown == 0
 

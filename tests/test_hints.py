@@ -51,7 +51,7 @@ def chain(e: MiniEngine, tokens: list[int]) -> list[bytes]:
 
 def pins(e: MiniEngine) -> int:
     index = e.manager.stack[0].index
-    return sum(x.pins for x in index._entries.values())  # type: ignore[attr-defined]
+    return sum(x.pins for x in index.entries.values())
 
 
 def metric(e: MiniEngine, name: str, *labels: str) -> float:

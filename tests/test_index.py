@@ -127,7 +127,7 @@ def test_random_operations_keep_invariants(sequence, capacity, policy):
                 assert idx.chain_slots(keys[m - 1 : held]) == idx.slots_of(keys[m - 1 : held])
     # every pinned key that was ready when pinned is still there
     for k in pins:
-        assert k in idx._entries
+        assert k in idx.entries
 
 
 def test_a_slot_being_written_is_never_handed_out_again():
@@ -152,9 +152,9 @@ def test_chain_slots_across_extended_branched_cut_and_restored_runs():
     a, b, *_ = chains(4, 6)  # b shares a's first 2 chunks
     for n in (2, 3, 6):  # chunked prefill: three reserves continuing one chain
         store(idx, a, n)
-    assert len({id(idx._entries[k].run) for k in a}) == 1
+    assert len({id(idx.entries[k].run) for k in a}) == 1
     store(idx, b, 6)
-    assert idx._entries[b[2]].run is not idx._entries[a[2]].run  # a branch: a new run
+    assert idx.entries[b[2]].run is not idx.entries[a[2]].run  # a branch: a new run
     for keys in (a, b):
         for i in range(6):
             for j in range(i + 1, 7):

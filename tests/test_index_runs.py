@@ -123,9 +123,9 @@ def state(idx: SlotIndex, settled: bool = True) -> Any:
     able to take over)."""
     entries = {
         k: (e.slot, e.parent, e.state, e.pins, e.done, e.doomed, list(e.children), e.pos)
-        for k, e in idx._entries.items()
+        for k, e in idx.entries.items()
     }
-    runs = {k: e.run.keys for k, e in idx._entries.items()}
+    runs = {k: e.run.keys for k, e in idx.entries.items()}
     order = list(idx.policy.candidates()) if settled else None
     return entries, runs, idx._free, order, idx.evictions
 

@@ -153,7 +153,7 @@ def test_random_workloads_never_use_wrong_kv(seed, budget, read_fail, write_fail
         assert not e.held and not e.manager.has_pending_jobs()
         idx = e.manager.tiers[0].index
         idx.check()
-        assert all(not ent.pins for ent in idx._entries.values()), "a pin leaked"
+        assert all(not ent.pins for ent in idx.entries.values()), "a pin leaked"
         failed_loads = sum(
             n
             for (_tier, op), n in e.manager.metrics.values.get("failures", {}).items()
@@ -244,7 +244,7 @@ def test_write_back_demotes_only_what_the_cpu_tier_evicts(tmp_path):
         assert not m.movement.demoting and not m.has_pending_jobs()
         cpu.check()
         disk.check()
-        assert all(not ent.pins for ent in cpu._entries.values()), "a pin leaked"
+        assert all(not ent.pins for ent in cpu.entries.values()), "a pin leaked"
     finally:
         e.close()
 

@@ -84,7 +84,7 @@ def test_policies_never_evict_pinned_in_flight_or_inner_keys(sequence, capacity,
         idx.check()  # prefix closure: nothing evicted before its descendants
         assert len(idx) <= capacity
         for k in pinned:
-            assert idx.has(k) or k not in idx._entries or idx._entries[k].doomed
+            assert idx.has(k) or k not in idx.entries or idx.entries[k].doomed
 
 
 class AlwaysTouching(SlotIndex):
@@ -96,7 +96,7 @@ class AlwaysTouching(SlotIndex):
 
 def policy_state(policy: object) -> dict[str, object]:
     """Everything a policy holds, orders included (OrderedDicts as item lists)."""
-    out: dict[str, object] = {"candidates": list(policy.candidates())}  # type: ignore[attr-defined]
+    out: dict[str, object] = {"candidates": list(policy.candidates())}
     out.update(_state(policy))
     return out
 

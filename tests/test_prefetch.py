@@ -66,10 +66,7 @@ def busy(e: MiniEngine, seed: int) -> None:
 
 def pins(e: MiniEngine) -> int:
     return sum(
-        x.pins
-        for t in e.manager.stack.tiers
-        if not t.shared
-        for x in t.index._entries.values()  # type: ignore[attr-defined]
+        x.pins for t in e.manager.stack.tiers if not t.shared for x in t.index.entries.values()
     )
 
 
@@ -208,7 +205,7 @@ def test_a_prefetch_and_its_use_count_as_one_use(tmp_path, prefetch):
         r = e.add("r", PROMPT + [3])
         e.run()
         assert r.sources == {HitSource.HOST if prefetch else HitSource.DISK: 5 * C}
-        policy = e.manager.stack[0].index.policy  # type: ignore[attr-defined]
+        policy = e.manager.stack[0].index.policy
         keys = chain(e)
         assert all(k in policy.t1 for k in keys), "one use promoted the chain"
         e.add("r2", PROMPT + [4])  # a second request: a second use
@@ -315,6 +312,6 @@ def test_random_traffic_with_prefetch_serves_exact_kv(seed, policy, read_fail, a
             assert_clean(e)
             assert not e.manager.movement.demoting
             for view in e.manager.tiers:
-                view.index.check()  # type: ignore[attr-defined]
+                view.index.check()
         finally:
             e.close()

@@ -65,7 +65,7 @@ def assert_clean(e: MiniEngine) -> None:
     assert e.wrong == 0
     m = e.manager
     assert not m.has_pending_jobs() and m.num_requests() == 0
-    assert sum(x.pins for x in m.stack[0].index._entries.values()) == 0  # type: ignore[attr-defined]
+    assert sum(x.pins for x in m.stack[0].index.entries.values()) == 0
     assert not e.worker.engine.pending()
 
 

@@ -668,13 +668,11 @@ def test_network_jobs_have_their_own_queue(server):  # noqa: F811
         def job(kind, tier, dst=""):
             return TransferJob(0, "r", kind, tier, False, [b"k" * 16], [0], [0], dst_tier=dst)
 
-        net, net_loads = engine._net, engine._net_loads
-        assert net is not None and net_loads is not None
-        assert engine._queue_of(job("load", "redis")) is net_loads
-        assert engine._queue_of(job("copy", "cpu", "redis")) is net
-        assert engine._queue_of(job("load", "disk")) is engine._io_loads
-        assert engine._queue_of(job("load", "cpu")) is engine._loads
-        assert engine._queue_of(job("copy", "cpu", "disk")) is engine._io
-        assert engine._queue_of(job("store", "cpu")) is engine._normal
+        assert engine.lane_of(job("load", "redis")) == "net-load"
+        assert engine.lane_of(job("copy", "cpu", "redis")) == "net"
+        assert engine.lane_of(job("load", "disk")) == "io-load"
+        assert engine.lane_of(job("load", "cpu")) == "load"
+        assert engine.lane_of(job("copy", "cpu", "disk")) == "io"
+        assert engine.lane_of(job("store", "cpu")) == "normal"
     finally:
         engine.close()

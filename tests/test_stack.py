@@ -171,7 +171,7 @@ def test_three_tier_stack_by_config_moves_chunks_by_edge_rules(tmp_path):
         assert not m.has_pending_jobs() and not m.movement.demoting
         for index in (cpu, memory, disk):
             index.check()
-            assert all(not ent.pins for ent in index._entries.values()), "a pin leaked"
+            assert all(not ent.pins for ent in index.entries.values()), "a pin leaked"
     finally:
         e.close()
 
@@ -292,7 +292,7 @@ def random_traffic_with_evictions(shared_hits: list[int], seed: int, evict: floa
             assert not e.held and not e.manager.has_pending_jobs()
             cpu = e.manager.tiers[0].index
             cpu.check()
-            assert all(not ent.pins for ent in cpu._entries.values()), "a pin leaked"
+            assert all(not ent.pins for ent in cpu.entries.values()), "a pin leaked"
         shared_hits.append(
             sum(r.sources.get(HitSource.P2P, 0) for e in (a, b) for r in e.reqs.values())
         )

@@ -119,7 +119,6 @@ class CacheManager:
         """The last requests' hit sources (inspection and tests)."""
         self.recent_load_modes = self.loads.recent_load_modes
         """The last requests' load modes, "sync" or "async" (inspection and tests)."""
-        self._loading = self.loads.loading
         self._reqs: dict[str, RequestState] = {}
         self._pending_release: dict[str, list[int]] = {}
         # Stores planned when a request finished; its blocks stay allocated until they run.

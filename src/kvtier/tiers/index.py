@@ -104,6 +104,11 @@ class SlotIndex:
     def free_slots(self) -> int:
         return len(self._free)
 
+    @property
+    def entries(self) -> Mapping[Key, IndexEntry]:
+        """Key -> a read-only view of its entry (state, slot, pins): inspection and tests."""
+        return self._entries
+
     def is_ready(self, key: Key) -> bool:
         run = self._runs.get(key)
         if run is None:

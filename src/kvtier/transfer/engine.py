@@ -70,6 +70,7 @@ class _Queue:
         wait: Callable[[list[int]], object],
     ) -> None:
         self._run = run
+        self.name = name
         self._done = done
         self._wait = wait
         self._jobs: deque[tuple[TransferJob, Any, Any]] = deque()
@@ -269,6 +270,12 @@ class TransferEngine:
         timeline.event("copy.submit_layered", jobs=[j.job_id for j in jobs], layers=len(layers))
         self._expedited.submit(jobs[0], unit)
         return unit
+
+    def lane_of(self, job: TransferJob) -> str:
+        """The name of the lane (queue thread) ``job`` runs on: "expedited" (sync loads),
+        "load" / "normal" (the first tier's loads / stores), "io-load" / "io" (other
+        tiers' and copies), "net-load" / "net" (jobs touching a network store)."""
+        return self._queue_of(job).name
 
     def _queue_of(self, job: TransferJob) -> _Queue:
         if job.sync:

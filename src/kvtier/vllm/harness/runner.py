@@ -344,7 +344,7 @@ def inspect(llm: Any, keys: bool = False) -> dict[str, Any]:
             "deferred": m.deferred,
             "pending_jobs": m.has_pending_jobs(),
             "requests": m.num_requests(),
-            "pins": sum(e.pins for index in slot_tiers for e in index._entries.values()),
+            "pins": sum(e.pins for index in slot_tiers for e in index.entries.values()),
             "leases": m.arrivals.retention.leases(),
             "prefetching": m.arrivals.prefetch.active(),
             "chunks": len(m.tiers[0].index),

@@ -75,7 +75,7 @@ def leaks(llm: Any) -> dict[str, Any]:
     group: Any = get_kv_transfer_group()
     worker: Any = group.worker
     out: dict[str, Any] = {
-        "jobs": len(m.jobs) + len(m._loading) + len(m.movement.pending),
+        "jobs": len(m.jobs) + len(m.loads.loading) + len(m.movement.pending),
         "worker_jobs": len(worker._inflight) + len(worker.engine.pending()),
         "requests": m.num_requests(),
         "pins": 0,
@@ -87,10 +87,10 @@ def leaks(llm: Any) -> dict[str, Any]:
         index = tier.index
         if not isinstance(index, SlotIndex):
             continue  # a shared tier holds no pins or slots of this engine
-        entries = index._entries.values()
+        entries = index.entries.values()
         pins = sum(e.pins for e in entries)
         storing = sum(e.state == STORING for e in entries)
-        lost = index.num_slots - len(index._entries) - index.free_slots
+        lost = index.num_slots - len(index.entries) - index.free_slots
         try:
             index.check()
         except AssertionError as e:
