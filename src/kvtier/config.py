@@ -96,8 +96,8 @@ class KVTierConfig:
     forward runs: each layer's attention waits for that layer's KV alone, with the copy
     one layer ahead of it. "on", "off", or "auto" (default), which is off: on vLLM's CPU
     backend the copy thread competes with the forward's threads for the same cores, and
-    layer-wise CPU-tier hits measured 4-5% (1k tokens) and 11-16% (4k) slower than whole
-    loads (``benchmarks/vllm_ttft.py``, one compute thread); GPU engines load whole (a
+    layer-wise CPU-tier hits measured slower than whole loads (``benchmarks/vllm_ttft.py``;
+    figures in docs/benchmarks.md); GPU engines load whole (a
     host-side wait would not order the GPU's stream). Only CPU-tier hits into host-memory
     KV of one KV-cache group can load layer by layer (the CPU tier's row copies split by
     layer); disk hits always load between steps. Elsewhere "on" acts as "off". Outputs

@@ -53,8 +53,8 @@ class SlotIndex:
         self._runs, self._positions = self._entries.runs, self._entries.positions
         self._slots: dict[Key, int] = {}
         """Slot of every entry, apart from the entries: a hit's slots are read for every
-        chunk of it, and a dict of ints answers them in one C-level pass (8,192 slots of a
-        128k-token hit: ~0.5 ms through the entries, under half that here)."""
+        chunk of it, and a dict of ints answers them in one C-level pass (docs/benchmarks.md,
+        "Measurements behind design choices")."""
         # Pop from the end: low slot numbers are handed out first.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self.evictions = 0
@@ -298,7 +298,7 @@ class SlotIndex:
         the no-op it would be, when nothing changed the order since this chain's last
         ``observe`` or ``touch`` covered ``keys``: a request's hit is touched when vLLM
         allocates its blocks, right after its first lookup observed the chain (a 128k-token
-        hit: 8,192 moves, ~0.5 ms of the scheduler's step).
+        hit would be 8,192 moves).
         """
         self.settle()
         if self.recency.is_fresh(keys):

@@ -51,8 +51,8 @@ def scatter_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
     a row outside ``dst``.
 
     Without streaming stores, NumPy's fancy-index assignment: a C loop at memcpy speed that
-    releases the GIL (torch's CPU ``index_copy_``/``index_put_`` kernels reach well under
-    1 GB/s on byte rows).
+    releases the GIL (torch's CPU ``index_copy_``/``index_put_`` kernels are far slower
+    on byte rows: docs/benchmarks.md, "Measurements behind design choices").
     """
     copier = row_copier() if _streams(src.nbytes) else None
     if copier is not None and _rows_ok(dst, src, rows):

@@ -181,10 +181,11 @@ class TransferEngine:
         """Stores into the first tier that are CPU-tier row copies from host-memory KV run
         on the submitting thread (the engine's, after its forward) when their lane is
         idle, instead of on the lane's thread. Such a copy of a step's new KV takes a small
-        fraction of the forward that computed it (streaming row copies, ~15 GB/s here),
-        while a copy thread waking up during the next forward takes a core from one of
-        the engine's OpenMP threads, and the whole team waits for that thread at its next
-        barrier: at 0% reuse on 2 cores that cost 10% of throughput, inline ~0-2%.
+        fraction of the forward that computed it (streaming row copies), while a copy
+        thread waking up during the next forward takes a core from one of the engine's
+        OpenMP threads, and the whole team waits for that thread at its next barrier
+        (what that cost at 0% reuse: docs/benchmarks.md, "What the connector costs when
+        nothing hits").
         ``KVTIER_INLINE_STORES=0`` queues them (for comparisons)."""
 
     # -- submission and completion ---------------------------------------------------------

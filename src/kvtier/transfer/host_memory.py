@@ -6,7 +6,7 @@ Two ways to get one:
 - :class:`HostBuffer`: the CPU tier's slab. Usable as soon as it is returned; its pages are
   made ready (faulted in, and page-locked on CUDA) by a background thread, slice by slice in
   the order the caller gives, so engine start-up does not wait for gigabytes of page faults
-  or pinning (~1 GB/s here: a 12 GiB tier would add ~11 s to start-up).
+  or pinning (seconds for a tier of a few GiB: docs/benchmarks.md, ``startup``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def alloc_host_buffer(nbytes: int, *, prefault: bool = True) -> torch.Tensor:
 
     Pinned (page-locked) when CUDA is available, so device copies can be asynchronous;
     never pinned on CPU-only torch, where ``pin_memory=True`` raises. With ``prefault`` the
-    pages are touched now: a first write to fresh pages is page-fault bound (~2 GB/s here),
-    which would otherwise land on the first stores.
+    pages are touched now: a first write to fresh pages is page-fault bound, which would
+    otherwise land on the first stores.
     """
     buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda_available())
     if prefault and nbytes:

@@ -8,7 +8,7 @@ A plan is ``(kind, data)``, the cheapest way the job's stores allow:
   (:class:`~kvtier.contract.Buffers`: the disk tier's native path, host-memory KV):
   built with a few NumPy operations per job, where ``"segments"`` builds a tensor view
   per block and region (a 4k-token hit of a 30-layer model at 16-token chunks: 15,360
-  views, ~30 ms of Python, slower still while the engine's thread wants the GIL);
+  views, tens of ms of Python, slower still while the engine's thread wants the GIL);
 - ``"segments"``: one ``(offset, view)`` list per chunk, which every store accepts;
 - ``"partial"``: segments of the leading chunks a store can take (KV groups with freed
   blocks);

@@ -3,19 +3,19 @@
 The on-disk format (directory layout, superblock, 128-byte slot headers kept apart from
 page-aligned payloads) is described in :mod:`kvtier.tiers.disk.format`.
 
-Two data paths, same bytes and headers: the native one (:mod:`kvtier.tiers.disk.native`, built
-at install) moves bytes in cache-sized pieces (512 KiB reads, 1 MiB writes, consecutive
-small slots sharing one), hashing each piece while it is in cache, with the GIL released,
-one call per I/O thread per batch; the Python one (no compiler, or segments that need
-staging through scratch) moves runs of consecutive slots with one ``preadv``/``pwritev``
-and hashes each chunk after it. The native path exists because the few microseconds of
-Python per chunk (buffer views, a checksum call, bookkeeping) cost as much as moving a
-64 KiB chunk: it doubled load and store throughput at 64-256 KiB chunks
-(``benchmarks/disk_tier.py``). Hashing in cache-sized pieces keeps the checksum pass off
-main memory for chunks larger than the last-level cache. The native path also takes
-chunks as flat address arrays (:meth:`DiskSlab.read_buffers` / ``write_buffers``,
-:class:`~kvtier.contract.Buffers`), which the transfer engine computes for a whole job
-at once instead of a tensor view per block and layer.
+Two data paths, same bytes and headers: the native one (:mod:`kvtier.tiers.disk.native`,
+built at install) moves bytes in cache-sized pieces (512 KiB reads, 1 MiB writes,
+consecutive small slots sharing one), hashing each piece while it is in cache, with the
+GIL released, one call per I/O thread per batch; the Python one (no compiler, or segments
+that need staging through scratch) moves runs of consecutive slots with one
+``preadv``/``pwritev`` and hashes each chunk after it. The native path exists because the
+few microseconds of Python per chunk (buffer views, a checksum call, bookkeeping) cost as
+much as moving a 64 KiB chunk (``benchmarks/disk_tier.py``; docs/benchmarks.md has the
+figures). Hashing in cache-sized pieces keeps the checksum pass off main memory for chunks
+larger than the last-level cache. The native path also takes chunks as flat address arrays
+(:meth:`DiskSlab.read_buffers` / ``write_buffers``, :class:`~kvtier.contract.Buffers`),
+which the transfer engine computes for a whole job at once instead of a tensor view per
+block and layer.
 
 Crash safety, without fsync on the data path: a write is ``pwritev(payload)``, then
 ``pwrite(header)``. Whatever a kill -9 (or a power loss that reorders pages) leaves behind, a
