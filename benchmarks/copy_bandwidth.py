@@ -130,7 +130,16 @@ class SizeBench:
         job_id, self._next_id = self._next_id, self._next_id + 1
         sync = kind == "load"
         blocks = idx.tolist()
-        return TransferJob(job_id, "bench", kind, "cpu", sync, self.keys, self.slots, blocks)
+        return TransferJob(
+            job_id=job_id,
+            req_id="bench",
+            kind=kind,
+            tier="cpu",
+            sync=sync,
+            keys=self.keys,
+            slots=self.slots,
+            block_ids=blocks,
+        )
 
     def _plan(self, job: TransferJob) -> tuple[TransferJob, Any]:
         """The copy plan TransferEngine.submit builds on the caller's thread."""

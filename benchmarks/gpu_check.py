@@ -232,16 +232,29 @@ class Jobs:
         self._next += 1
         keys = [os.urandom(KEY_BYTES) for _ in slots]
         return TransferJob(
-            self._next, f"r{self._next}", kind, tier, sync, keys, list(slots), list(blocks)
+            job_id=self._next,
+            req_id=f"r{self._next}",
+            kind=kind,
+            tier=tier,
+            sync=sync,
+            keys=keys,
+            slots=list(slots),
+            block_ids=list(blocks),
         )
 
     def load_of(self, stored: TransferJob, sync: bool, blocks: Sequence[int]) -> TransferJob:
         """A load of what ``stored`` stored, into ``blocks``."""
         self._next += 1
         return TransferJob(
-            self._next, f"r{self._next}", "load", stored.tier, sync, stored.keys,
-            stored.slots, list(blocks),
-        )  # fmt: skip
+            job_id=self._next,
+            req_id=f"r{self._next}",
+            kind="load",
+            tier=stored.tier,
+            sync=sync,
+            keys=stored.keys,
+            slots=stored.slots,
+            block_ids=list(blocks),
+        )
 
 
 def run_job(eng: TransferEngine, job: TransferJob) -> tuple[bool, float]:

@@ -168,13 +168,13 @@ def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
 
 
 KIND = TierKind(
-    NAME,
-    HitSource.HOST,
-    _index,
-    _store,
-    DEFAULT_CAPACITY,
+    name=NAME,
+    source=HitSource.HOST,
+    make_index=_index,
+    make_store=_store,
+    default_capacity=DEFAULT_CAPACITY,
     # Private, lost with the process, not copied to by address, loads async only.
-    fixed(Capabilities()),
-    TemplateOptions,
+    capabilities=fixed(Capabilities()),
+    options=TemplateOptions,
 )
 """The template medium: enveloped slots in process memory."""

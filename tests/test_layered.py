@@ -51,11 +51,31 @@ def setup(store_wrap=None, slab_cls=CpuSlab):
     wrapped = store_wrap(store) if store_wrap else store
     eng = TransferEngine(regions, {"cpu": wrapped}, BPC)
     keys = [b"a", b"b", b"c"]
-    eng.submit(TransferJob(1, "r", "store", "cpu", False, keys, [0, 1, 2], SRC))
+    eng.submit(
+        TransferJob(
+            job_id=1,
+            req_id="r",
+            kind="store",
+            tier="cpu",
+            sync=False,
+            keys=keys,
+            slots=[0, 1, 2],
+            block_ids=SRC,
+        )
+    )
     assert eng.wait([1], timeout=10) and eng.poll()[0].all_ok
     for t in kv.values():
         t[:, DST] = 0
-    load = TransferJob(2, "r", "load", "cpu", True, keys, [0, 1, 2], DST)
+    load = TransferJob(
+        job_id=2,
+        req_id="r",
+        kind="load",
+        tier="cpu",
+        sync=True,
+        keys=keys,
+        slots=[0, 1, 2],
+        block_ids=DST,
+    )
     return kv, regions, eng, load, wrapped
 
 
@@ -194,7 +214,17 @@ def test_split_segments_copies_every_byte_once_and_the_last_block_first(bpc, chu
     n = chunks * bpc - skip
     dst = data.draw(st.lists(st.integers(0, BLOCKS - 1), min_size=n, max_size=n, unique=True))
     keys = [bytes([i]) for i in range(chunks)]
-    job = TransferJob(1, "r", "load", "cpu", True, keys, list(range(chunks)), dst, skip=skip)
+    job = TransferJob(
+        job_id=1,
+        req_id="r",
+        kind="load",
+        tier="cpu",
+        sync=True,
+        keys=keys,
+        slots=list(range(chunks)),
+        block_ids=dst,
+        skip=skip,
+    )
     stores = {"cpu": slab}
     eng = TransferEngine(regions, stores, bpc)
     try:
@@ -227,7 +257,16 @@ def test_split_segments_copies_every_byte_once_and_the_last_block_first(bpc, chu
 def test_a_part_counts_as_copied_only_after_its_fence():
     """Device copies: ``wait_layer`` must not return before the copy stream finished the
     layer. The fence runs after each part's copies and before the part is reported."""
-    job = TransferJob(1, "r", "load", "cpu", True, [b"a"], [0], [5])
+    job = TransferJob(
+        job_id=1,
+        req_id="r",
+        kind="load",
+        tier="cpu",
+        sync=True,
+        keys=[b"a"],
+        slots=[0],
+        block_ids=[5],
+    )
     layers = [[0], [1], [2]]
     unit = LayeredLoad([job], [(("rows", []), ("rows", []))], layers)
     unit.release()

@@ -666,7 +666,17 @@ def test_network_jobs_have_their_own_queue(server):  # noqa: F811
     try:
 
         def job(kind, tier, dst=""):
-            return TransferJob(0, "r", kind, tier, False, [b"k" * 16], [0], [0], dst_tier=dst)
+            return TransferJob(
+                job_id=0,
+                req_id="r",
+                kind=kind,
+                tier=tier,
+                sync=False,
+                keys=[b"k" * 16],
+                slots=[0],
+                block_ids=[0],
+                dst_tier=dst,
+            )
 
         assert engine.lane_of(job("load", "redis")) == "net-load"
         assert engine.lane_of(job("copy", "cpu", "redis")) == "net"

@@ -111,11 +111,47 @@ def test_row_path_faults_fail_whole_jobs_and_scribble_loads():
     store = FaultyStore(slab, FaultPlan(fail_all_reads=True, rows=True))
     eng = TransferEngine(regions, {"cpu": store}, 1)
     try:
-        assert eng.plan(TransferJob(9, "r", "load", "cpu", True, [b"a"], [0], [1]))[0] == "rows"
-        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"a", b"b"], [0, 1], [3, 4]))
+        assert (
+            eng.plan(
+                TransferJob(
+                    job_id=9,
+                    req_id="r",
+                    kind="load",
+                    tier="cpu",
+                    sync=True,
+                    keys=[b"a"],
+                    slots=[0],
+                    block_ids=[1],
+                )
+            )[0]
+            == "rows"
+        )
+        eng.submit(
+            TransferJob(
+                job_id=1,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"a", b"b"],
+                slots=[0, 1],
+                block_ids=[3, 4],
+            )
+        )
         assert eng.wait([1], timeout=10)
         before = kv[0][5].clone()
-        eng.submit(TransferJob(2, "r", "load", "cpu", True, [b"a", b"b"], [0, 1], [5, 6]))
+        eng.submit(
+            TransferJob(
+                job_id=2,
+                req_id="r",
+                kind="load",
+                tier="cpu",
+                sync=True,
+                keys=[b"a", b"b"],
+                slots=[0, 1],
+                block_ids=[5, 6],
+            )
+        )
         assert eng.wait([2], timeout=10)
         results = {r.job_id: r for r in eng.poll()}
         assert results[1].all_ok and not any(results[2].ok)
@@ -145,7 +181,17 @@ def test_tier_to_tier_copies_out_of_a_wrapped_disk_store_move_exact_bytes(tmp_pa
     )
     try:
         copy = TransferJob(
-            1, "r", "copy", "disk", False, keys, [0, 1, 2, 3], [], 0, "cpu", [3, 2, 1, 0]
+            job_id=1,
+            req_id="r",
+            kind="copy",
+            tier="disk",
+            sync=False,
+            keys=keys,
+            slots=[0, 1, 2, 3],
+            block_ids=[],
+            skip=0,
+            dst_tier="cpu",
+            dst_slots=[3, 2, 1, 0],
         )
         eng.submit(copy)
         assert eng.wait([1], timeout=10)

@@ -172,7 +172,16 @@ def test_a_request_is_received_once_both_sides_are_and_failed_if_either_failed()
     from kvtier.vllm.hybrid import ReceiveParts
 
     def load(req: str, sync: bool = False) -> TransferJob:
-        return TransferJob(0, req, "load", "cpu", sync, [b"k"], [0], [1])
+        return TransferJob(
+            job_id=0,
+            req_id=req,
+            kind="load",
+            tier="cpu",
+            sync=sync,
+            keys=[b"k"],
+            slots=[0],
+            block_ids=[1],
+        )
 
     parts = ReceiveParts()
     parts.expect([load("a"), load("b"), load("c"), load("d", sync=True)])

@@ -49,12 +49,46 @@ def test_store_then_load_moves_exact_bytes_across_layouts():
     try:
         src_blocks = [0, 1, 2, 7, 9, 8]  # two chunks: one contiguous run, one scattered
         before = [block_bytes(kv, b).clone() for b in src_blocks]
-        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"k1", b"k2"], [5, 2], src_blocks))
+        eng.submit(
+            TransferJob(
+                job_id=1,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"k1", b"k2"],
+                slots=[5, 2],
+                block_ids=src_blocks,
+            )
+        )
         assert eng.wait([1], timeout=10)
         # load both chunks whole (scattered destination), then chunk 2 skipping its first block
         dst = [10, 11, 12, 14, 13, 17]
-        eng.submit(TransferJob(2, "r", "load", "cpu", True, [b"k1", b"k2"], [5, 2], dst))
-        eng.submit(TransferJob(3, "r", "load", "cpu", False, [b"k2"], [2], [15, 16], skip=1))
+        eng.submit(
+            TransferJob(
+                job_id=2,
+                req_id="r",
+                kind="load",
+                tier="cpu",
+                sync=True,
+                keys=[b"k1", b"k2"],
+                slots=[5, 2],
+                block_ids=dst,
+            )
+        )
+        eng.submit(
+            TransferJob(
+                job_id=3,
+                req_id="r",
+                kind="load",
+                tier="cpu",
+                sync=False,
+                keys=[b"k2"],
+                slots=[2],
+                block_ids=[15, 16],
+                skip=1,
+            )
+        )
         assert eng.wait([2, 3], timeout=10)
         results = {r.job_id: r for r in eng.poll()}
         assert all(r.all_ok for r in results.values())
@@ -72,8 +106,30 @@ def test_job_exception_fails_the_job_not_the_engine():
     regions = KVRegions.from_tensors(kv, num_blocks=20)
     eng = TransferEngine(regions, {"cpu": CpuSlab(2, regions.row_bytes, 1)}, 1)
     try:
-        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"k"], [99], [0]))  # bad slot
-        eng.submit(TransferJob(2, "r", "store", "cpu", False, [b"k"], [1], [0]))
+        eng.submit(
+            TransferJob(
+                job_id=1,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"k"],
+                slots=[99],
+                block_ids=[0],
+            )
+        )  # bad slot
+        eng.submit(
+            TransferJob(
+                job_id=2,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"k"],
+                slots=[1],
+                block_ids=[0],
+            )
+        )
         assert eng.wait([1, 2], timeout=10)
         res = {r.job_id: r.all_ok for r in eng.poll()}
         assert res == {1: False, 2: True}
@@ -107,7 +163,16 @@ def test_row_path_and_segment_path_agree(faulty):
         src = [3, 4, 9, 1, 20, 21, 22, 5]  # 4 chunks into slots 2,3,4 (a run) and 7
         before = [block_bytes(kv, b).clone() for b in src]
         eng.submit(
-            TransferJob(1, "r", "store", "cpu", False, [b"a", b"b", b"c", b"d"], [2, 3, 4, 7], src)
+            TransferJob(
+                job_id=1,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"a", b"b", b"c", b"d"],
+                slots=[2, 3, 4, 7],
+                block_ids=src,
+            )
         )
         assert eng.wait([1], timeout=10)
         # Read the payload of slot 3 through the generic path and compare with the blocks.
@@ -129,7 +194,15 @@ def test_row_path_and_segment_path_agree(faulty):
         dst = [30, 31, 35, 33, 34, 36, 37]  # skip the first block of chunk "a"
         eng.submit(
             TransferJob(
-                2, "r", "load", "cpu", True, [b"a", b"b", b"c", b"d"], [2, 3, 4, 7], dst, skip=1
+                job_id=2,
+                req_id="r",
+                kind="load",
+                tier="cpu",
+                sync=True,
+                keys=[b"a", b"b", b"c", b"d"],
+                slots=[2, 3, 4, 7],
+                block_ids=dst,
+                skip=1,
             )
         )
         assert eng.wait([2], timeout=10)
@@ -169,13 +242,35 @@ def test_a_sync_load_that_fails_once_is_copied_again_within_the_step(rows):
     try:
         src = [1, 2, 3, 4]
         before = [block_bytes(kv, b).clone() for b in src]
-        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"a", b"b"], [0, 1], src))
+        eng.submit(
+            TransferJob(
+                job_id=1,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"a", b"b"],
+                slots=[0, 1],
+                block_ids=src,
+            )
+        )
         assert eng.wait([1], timeout=10) and eng.poll()[0].all_ok
         cases = [(True, 1, True), (True, 10, False), (False, 1, False)]  # sync?, failures, ok
         for job_id, (sync, fails, want_ok) in enumerate(cases, start=2):
             store.left = fails
             dst = [20 + job_id, 21 + job_id, 10, 11]
-            eng.submit(TransferJob(job_id, "r", "load", "cpu", sync, [b"a", b"b"], [0, 1], dst))
+            eng.submit(
+                TransferJob(
+                    job_id=job_id,
+                    req_id="r",
+                    kind="load",
+                    tier="cpu",
+                    sync=sync,
+                    keys=[b"a", b"b"],
+                    slots=[0, 1],
+                    block_ids=dst,
+                )
+            )
             assert eng.wait([job_id], timeout=10)
             (result,) = eng.poll()
             assert result.all_ok is want_ok, (sync, fails)
@@ -204,16 +299,57 @@ def test_cpu_tier_stores_run_on_the_submitting_thread_when_their_lane_is_idle():
 
     slab.store_rows = spy  # type: ignore[method-assign]
     try:
-        eng.submit(TransferJob(1, "r", "store", "cpu", False, [b"k1"], [0], [3]))
+        eng.submit(
+            TransferJob(
+                job_id=1,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"k1"],
+                slots=[0],
+                block_ids=[3],
+            )
+        )
         assert [r.job_id for r in eng.poll()] == [1]  # done before submit returned
         eng.inline_stores = False
-        eng.submit(TransferJob(2, "r", "store", "cpu", False, [b"k2"], [1], [4]))
+        eng.submit(
+            TransferJob(
+                job_id=2,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"k2"],
+                slots=[1],
+                block_ids=[4],
+            )
+        )
         eng.inline_stores = True
-        eng.submit(TransferJob(3, "r", "store", "cpu", False, [b"k3"], [2], [5], after=[2]))
+        eng.submit(
+            TransferJob(
+                job_id=3,
+                req_id="r",
+                kind="store",
+                tier="cpu",
+                sync=False,
+                keys=[b"k3"],
+                slots=[2],
+                block_ids=[5],
+                after=[2],
+            )
+        )
         assert eng.wait([2, 3], timeout=10)
         assert threads == [threading.current_thread().name, "kvtier-normal", "kvtier-normal"]
         load = TransferJob(
-            4, "r", "load", "cpu", True, [b"k1", b"k2", b"k3"], [0, 1, 2], [9, 10, 11]
+            job_id=4,
+            req_id="r",
+            kind="load",
+            tier="cpu",
+            sync=True,
+            keys=[b"k1", b"k2", b"k3"],
+            slots=[0, 1, 2],
+            block_ids=[9, 10, 11],
         )
         eng.submit(load)
         assert eng.wait([4], timeout=10)

@@ -24,11 +24,29 @@ def side() -> tuple[list[torch.Tensor], WorkerSide]:
 
 
 def store(job_id: int, block: int, slot: int) -> TransferJob:
-    return TransferJob(job_id, "r", "store", "cpu", False, [b"k%d" % job_id], [slot], [block])
+    return TransferJob(
+        job_id=job_id,
+        req_id="r",
+        kind="store",
+        tier="cpu",
+        sync=False,
+        keys=[b"k%d" % job_id],
+        slots=[slot],
+        block_ids=[block],
+    )
 
 
 def load(job_id: int, block: int, slot: int) -> TransferJob:
-    return TransferJob(job_id, "q", "load", "cpu", True, [b"k%d" % slot], [slot], [block])
+    return TransferJob(
+        job_id=job_id,
+        req_id="q",
+        kind="load",
+        tier="cpu",
+        sync=True,
+        keys=[b"k%d" % slot],
+        slots=[slot],
+        block_ids=[block],
+    )
 
 
 def test_stores_run_at_the_next_step_start_and_hold_their_blocks_until_then():

@@ -18,7 +18,7 @@ recurrent state evicted by a store of the same step): the worker fails it, and t
 request recomputes."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class TransferJob:
     """Copy chunks between a tier's slots and engine blocks, or between two tiers.
 

@@ -85,7 +85,7 @@ def fixed(caps: Capabilities) -> Callable[[TierSpec], Capabilities]:
     return lambda spec: caps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TierKind:
     """A kind of tier: its options, defaults and capabilities, and how to build each side
     of it (see the module docstring)."""

@@ -126,15 +126,15 @@ class LoadPlanner:
                 )
             chunk_keys = keys[c0:c1]
             load = TransferJob(
-                0,
-                req_id,
-                "load",
-                tier_name,
-                sync,
-                chunk_keys,
-                tier.index.chain_slots(chunk_keys),
-                blocks,
-                b0 - c0 * bpc,
+                job_id=0,
+                req_id=req_id,
+                kind="load",
+                tier=tier_name,
+                sync=sync,
+                keys=chunk_keys,
+                slots=tier.index.chain_slots(chunk_keys),
+                block_ids=blocks,
+                skip=b0 - c0 * bpc,
             )
             req.jobs.add(self.jobs.add(load, self.jobs.hold(tier.index, chunk_keys[-1])))
             self.first_chunk[load.job_id] = c0

@@ -135,14 +135,14 @@ class Movement:
             pin = keys[m - 1] if src.index.has(keys[m - 1]) else None
         holds = self.jobs.hold(src.index, pin) if pin is not None else []
         copy = TransferJob(
-            0,
-            req_id,
-            "copy",
-            src.name,
-            False,
-            keys[:m],
-            slots[:m],
-            [],
+            job_id=0,
+            req_id=req_id,
+            kind="copy",
+            tier=src.name,
+            sync=False,
+            keys=keys[:m],
+            slots=slots[:m],
+            block_ids=[],
             dst_tier=dst.name,
             dst_slots=dst_slots,
             parents=parents[:m],

@@ -162,14 +162,14 @@ class Prefetcher:
         src, dst = self.stack[t], self.stack[0]
         chunk_keys = list(keys[a:b])
         copy = TransferJob(
-            0,
-            req_id,
-            "copy",
-            src.name,
-            False,
-            chunk_keys,
-            src.index.chain_slots(chunk_keys),
-            [],
+            job_id=0,
+            req_id=req_id,
+            kind="copy",
+            tier=src.name,
+            sync=False,
+            keys=chunk_keys,
+            slots=src.index.chain_slots(chunk_keys),
+            block_ids=[],
             dst_tier=dst.name,
             dst_slots=dst_slots,
             parents=[keys[a - 1] if a else None, *chunk_keys[:-1]],

@@ -221,7 +221,16 @@ class StateCache:
             # Evicted since the lookup (by a store of the same step): no slot to read,
             # the worker fails the load and the request recomputes.
             slots = [MISSING]
-        job = TransferJob(0, req_id, "load", tier.name, False, [skey], slots, blocks)
+        job = TransferJob(
+            job_id=0,
+            req_id=req_id,
+            kind="load",
+            tier=tier.name,
+            sync=False,
+            keys=[skey],
+            slots=slots,
+            block_ids=blocks,
+        )
         jobs = self.cache.jobs
         jobs.add(job, jobs.hold(tier.index, skey) if slots != [MISSING] else [])
         self.cache.loads.pending.append(job)
@@ -257,14 +266,14 @@ class StateCache:
             self.skipped_offers += 1
             return
         job = TransferJob(
-            0,
-            req_id,
-            "store",
-            entry.name,
-            False,
-            [skey],
-            slots,
-            [offer.blocks[g] for g in self.groups],
+            job_id=0,
+            req_id=req_id,
+            kind="store",
+            tier=entry.name,
+            sync=False,
+            keys=[skey],
+            slots=slots,
+            block_ids=[offer.blocks[g] for g in self.groups],
             parents=[None],
             after=self.cache.movement.after(0, slots),
         )

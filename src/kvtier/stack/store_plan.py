@@ -70,14 +70,14 @@ def plan_store(
     todo = todo[: len(slots)]
     on_planned(req_id, present, todo)
     store = TransferJob(
-        0,
-        req_id,
-        "store",
-        tier.name,
-        False,
-        todo,
-        slots,
-        list(block_ids[present * bpc : (present + len(slots)) * bpc]),
+        job_id=0,
+        req_id=req_id,
+        kind="store",
+        tier=tier.name,
+        sync=False,
+        keys=todo,
+        slots=slots,
+        block_ids=list(block_ids[present * bpc : (present + len(slots)) * bpc]),
         parents=[parent, *todo[:-1]],
         after=ctx.movement.after(t, slots),
     )

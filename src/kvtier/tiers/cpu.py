@@ -235,11 +235,11 @@ def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
 
 
 KIND = TierKind(
-    "cpu",
-    HitSource.HOST,
-    _index,
-    _store,
-    DEFAULT_CAPACITY,
-    fixed(Capabilities(byte_addressable=True, sync_loads=True)),
+    name="cpu",
+    source=HitSource.HOST,
+    make_index=_index,
+    make_store=_store,
+    default_capacity=DEFAULT_CAPACITY,
+    capabilities=fixed(Capabilities(byte_addressable=True, sync_loads=True)),
 )
 """Host memory: no options of its own (its capacity and eviction are common keys)."""

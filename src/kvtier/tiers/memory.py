@@ -137,13 +137,13 @@ def _capabilities(spec: TierSpec) -> Capabilities:
 
 
 KIND = TierKind(
-    "memory",
-    HitSource.HOST,
-    _index,
-    _store,
-    DEFAULT_CAPACITY,
-    _capabilities,
-    MemoryOptions,
-    _check,
+    name="memory",
+    source=HitSource.HOST,
+    make_index=_index,
+    make_store=_store,
+    default_capacity=DEFAULT_CAPACITY,
+    capabilities=_capabilities,
+    options=MemoryOptions,
+    check=_check,
 )
 """Chunks in a dict: private (a slot tier) or, with ``shared``, a key-addressed space."""

@@ -77,14 +77,14 @@ def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
 
 
 KIND = TierKind(
-    "disk",
-    HitSource.DISK,
-    _index,
-    _store,
-    DEFAULT_CAPACITY,
-    fixed(Capabilities(persistent=True)),
-    DiskOptions,
-    None,
-    rank_dir,
+    name="disk",
+    source=HitSource.DISK,
+    make_index=_index,
+    make_store=_store,
+    default_capacity=DEFAULT_CAPACITY,
+    capabilities=fixed(Capabilities(persistent=True)),
+    options=DiskOptions,
+    check=None,
+    files=rank_dir,
 )
 """Slab files on a local directory; survives restarts (the index is rebuilt from them)."""

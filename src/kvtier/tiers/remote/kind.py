@@ -120,13 +120,13 @@ def _store(spec: TierSpec, ctx: TierContext) -> SlotStore:
 
 
 KIND = TierKind(
-    "redis",
-    HitSource.P2P,
-    _index,
-    _store,
-    DEFAULT_CAPACITY,
-    fixed(Capabilities(shared=True, persistent=True)),
-    RedisOptions,
-    _check,
+    name="redis",
+    source=HitSource.P2P,
+    make_index=_index,
+    make_store=_store,
+    default_capacity=DEFAULT_CAPACITY,
+    capabilities=fixed(Capabilities(shared=True, persistent=True)),
+    options=RedisOptions,
+    check=_check,
 )
 """Always shared: its index probes, its store is addressed by key."""
