@@ -246,3 +246,16 @@ def test_the_layer_rule_sees_an_upward_arrow():
     graph = full_graph()
     graph["kvtier.tiers.memory"] = graph["kvtier.tiers.memory"] | {"kvtier.config"}
     assert ("kvtier.tiers.memory", "kvtier.config") in upward_edges(graph) - ALLOWED_UPWARD
+
+
+def test_policies_and_the_budget_take_their_fields_not_the_config():
+    """Issue 44: the config hands each part the typed slice it needs; the policies and the
+    sync budget sit below ``kvtier.config`` and never import it (not even for a type)."""
+    modules = module_paths()
+    wrong = sorted(
+        m
+        for m in modules
+        if (m == "kvtier.budget" or m.startswith("kvtier.policies"))
+        and "kvtier.config" in imports_of(m, modules[m], modules)
+    )
+    assert not wrong, wrong
