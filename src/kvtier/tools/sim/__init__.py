@@ -13,11 +13,11 @@ from kvtier.tools.sim.capacity import (
     tier_capacities,
 )
 from kvtier.tools.sim.counts import ReplayCounts
+from kvtier.tools.sim.report import format_sim
 from kvtier.tools.sim.simulator import (
     DEFAULT_POLICIES,
     DEFAULT_TIERS,
     PolicySpec,
-    format_sim,
     parse_policy,
     replay_index,
     run_sim,

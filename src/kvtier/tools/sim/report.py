@@ -1,4 +1,7 @@
-"""The policy table of a ``kvtier sim`` run: the default against LRU and the bounds.
+"""Tables of a ``kvtier sim`` run: every run's hit ratios (:func:`format_sim`), and the
+policy table, the default against LRU and the bounds (described below).
+
+The policy table: the default against LRU and the bounds.
 
 One row per capacity configuration of a :func:`kvtier.tools.sim.run_sim` result: total token hit
 ratio (%) of ``lru``, ``default``, ``lru-oracle`` (LRU with offline admission: what an
@@ -11,6 +14,7 @@ default against LRU.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -89,4 +93,42 @@ def format_gap_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
             f"worst cell of the default against LRU: {worst['default_minus_lru']:+.2f} points "
             f"({worst['trace']}, {worst['config']})"
         )
+    return "\n".join(lines)
+
+
+def format_sim(result: dict[str, Any]) -> str:
+    """A plain-text table of a :func:`kvtier.tools.sim.simulator.run_sim` result: token hit
+    ratio per tier and in total, one row per (configuration, policy)."""
+    runs: list[dict[str, Any]] = result["runs"]
+    tier_names: list[str] = []
+    for run in runs:
+        for cap in run["capacity"]:
+            if cap["tier"] not in tier_names:
+                tier_names.append(cap["tier"])
+    header = ["capacity", "policy", *(f"{n} hit" for n in tier_names), "total hit", "evictions"]
+    header.append("time")
+    rows = [header]
+    for run in runs:
+        ratio = run["hit_ratio"]
+        cells = [run["config"], run["policy"]]
+        cells += [f"{100 * ratio[n]:.1f} %" if n in ratio else "-" for n in tier_names]
+        cells.append(f"{100 * ratio['total']:.1f} %")
+        cells.append(f"{sum(run['evictions'].values()):,}")
+        cells.append(f"{run['seconds']:.2f} s")
+        rows.append(cells)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = [
+        f"trace {Path(result['trace']).name}: {result['requests']:,} requests, "
+        f"{result['blocks']:,} blocks of {result['block_tokens']} tokens, "
+        f"{result['input_tokens']:,} input tokens; {result['bytes_per_token']:,} B/token; "
+        f"{result['seconds']:.2f} s"
+    ]
+    for k, r in enumerate(rows):
+        left = r[:2]
+        right = r[2:]
+        text = "  ".join(c.ljust(w) for c, w in zip(left, widths[:2], strict=True))
+        text += "  " + "  ".join(c.rjust(w) for c, w in zip(right, widths[2:], strict=True))
+        lines.append(text.rstrip())
+        if k == 0:
+            lines.append("-" * len(lines[-1]))
     return "\n".join(lines)

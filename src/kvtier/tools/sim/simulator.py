@@ -368,11 +368,11 @@ def run_sim(
     ``progress`` shows a tqdm bar on stderr. ``hints``: honour the requests' ``retain_s``
     hints (kvtier's policies only; the bounds have no leases).
 
-    Returns a JSON-serialisable dict (format it with :func:`format_sim`): trace facts, and
-    under ``"runs"`` one entry per (configuration, policy) with per-tier and total
-    ``hit_tokens``, ``hit_ratio`` (hit tokens / all input tokens), ``hit_blocks``,
-    ``evictions`` and ``seconds``. Raises ConfigError for a bad trace line, capacity or
-    policy name.
+    Returns a JSON-serialisable dict (format it with
+    :func:`kvtier.tools.sim.report.format_sim`): trace facts, and under ``"runs"`` one
+    entry per (configuration, policy) with per-tier and total ``hit_tokens``,
+    ``hit_ratio`` (hit tokens / all input tokens), ``hit_blocks``, ``evictions`` and
+    ``seconds``. Raises ConfigError for a bad trace line, capacity or policy name.
     """
     specs = [parse_policy(p) for p in policies]
     if not specs:
@@ -471,41 +471,3 @@ def _run_entry(
 
 
 # -- output --------------------------------------------------------------------------------
-
-
-def format_sim(result: dict[str, Any]) -> str:
-    """A plain-text table of a :func:`run_sim` result: token hit ratio per tier and in total,
-    one row per (configuration, policy)."""
-    runs: list[dict[str, Any]] = result["runs"]
-    tier_names: list[str] = []
-    for run in runs:
-        for cap in run["capacity"]:
-            if cap["tier"] not in tier_names:
-                tier_names.append(cap["tier"])
-    header = ["capacity", "policy", *(f"{n} hit" for n in tier_names), "total hit", "evictions"]
-    header.append("time")
-    rows = [header]
-    for run in runs:
-        ratio = run["hit_ratio"]
-        cells = [run["config"], run["policy"]]
-        cells += [f"{100 * ratio[n]:.1f} %" if n in ratio else "-" for n in tier_names]
-        cells.append(f"{100 * ratio['total']:.1f} %")
-        cells.append(f"{sum(run['evictions'].values()):,}")
-        cells.append(f"{run['seconds']:.2f} s")
-        rows.append(cells)
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = [
-        f"trace {Path(result['trace']).name}: {result['requests']:,} requests, "
-        f"{result['blocks']:,} blocks of {result['block_tokens']} tokens, "
-        f"{result['input_tokens']:,} input tokens; {result['bytes_per_token']:,} B/token; "
-        f"{result['seconds']:.2f} s"
-    ]
-    for k, r in enumerate(rows):
-        left = r[:2]
-        right = r[2:]
-        text = "  ".join(c.ljust(w) for c, w in zip(left, widths[:2], strict=True))
-        text += "  " + "  ".join(c.rjust(w) for c, w in zip(right, widths[2:], strict=True))
-        lines.append(text.rstrip())
-        if k == 0:
-            lines.append("-" * len(lines[-1]))
-    return "\n".join(lines)
