@@ -165,14 +165,19 @@ def test_identifier_names_trust_the_client():
 
 
 def test_content_names_are_memoised_per_live_object():
-    """One digest per data object while it lives; a new object is hashed afresh even at a
-    recycled address, and a changed tensor under a new object gets a new name."""
+    """One digest per data object while it lives (a second call is answered from the
+    memo, not hashed again), equal content under another object gets the same name, a
+    changed tensor under a new object a new one, and names stay right past capacity."""
     from kvtier.vllm.mm_content import PREFIX, ContentDigests
 
     names = ContentDigests(capacity=2)
     a = image("a").data
     first = names.name(a)
-    assert first.startswith(PREFIX) and names.name(a) == first
+    assert first.startswith(PREFIX)
+    # Items are never changed in place (the contract); changing one shows the memo answers.
+    a["pixel_values"].data[0, 0, 1] += 1
+    assert names.name(a) == first
+    assert ContentDigests().name(a) != first  # a fresh memo hashes the changed bytes
     assert names.name(image("a").data) == first  # equal content, another object
     changed = image("a").data
     changed["pixel_values"].data[0, 0, 0] += 1
