@@ -145,7 +145,7 @@ from kvtier.contract.spec import TierSpec
 from kvtier.jobs import JobResult, WorkerReport
 from kvtier.keys import Key, Namespace, chunk_keys
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, on_new_request
+from kvtier.manager import CacheManager
 from kvtier.policies import EvictionPolicy, make_eviction_policy
 from kvtier.policies.defaults import tier_eviction_name
 from kvtier.sources import HitRun, HitSource, hit_sources
@@ -313,7 +313,7 @@ def build_case(
     if legacy:  # the tail (< 1 chunk) adds no key, so lookups use exactly these keys, as
         # other objects than the indexes' (as the manager's own chain makes them): a dict
         # finding the very object it holds skips comparing bytes.
-        manager._request(REQ_ID).chain.keys[:] = [bytes(memoryview(k)) for k in keys]
+        manager.requests.open(REQ_ID).chain.keys[:] = [bytes(memoryview(k)) for k in keys]
     num_blocks = -(-len(tokens) // BLOCK_TOKENS)
     block_ids = list(range(num_blocks))
     rng.shuffle(block_ids)
@@ -505,7 +505,7 @@ def measure_arrival(held: bool, iters: int, warmup: int = 3) -> dict[str, float]
     gc.collect()
     for i in range(warmup + iters):
         t0 = clock()
-        on_new_request(manager, REQ_ID, tokens)
+        manager.on_new_request(REQ_ID, tokens)
         t1 = clock()
         if i >= warmup:
             times.append(t1 - t0)

@@ -139,9 +139,8 @@ class MiniEngine:
         self.waiting.append(r)
         if arrive:
             from kvtier.hints import NO_HINTS
-            from kvtier.manager import on_new_request
 
-            on_new_request(self.manager, req_id, r.tokens, hints=hints or NO_HINTS)
+            self.manager.on_new_request(req_id, r.tokens, hints=hints or NO_HINTS)
         return r
 
     def abort(self, req_id: str) -> None:

@@ -55,7 +55,7 @@ def manager(limit: int, chains: list[list[int]]) -> CacheManager:
     for i, toks in enumerate(chains):  # store each chain's whole chunks
         hit = m.lookup(f"s{i}", toks, 0)
         assert hit is not None
-        keys = m._request(f"s{i}").chain.keys
+        keys = m.requests.chain_keys(f"s{i}")
         slots = index.reserve(keys, None)
         index.commit(keys, [True] * len(slots))
     return m

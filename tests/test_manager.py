@@ -178,7 +178,7 @@ def test_write_through_disk_serves_what_the_cpu_tier_evicted(tmp_path):
         for i, p in enumerate(prompts):
             run_one(e, f"w{i}", p)
         m = e.manager
-        assert m.tiers[1].index.prefix_len(m._request("probe").chain.keys) == 0
+        assert m.tiers[1].index.prefix_len(m.requests.open("probe").chain.keys) == 0
         first = run_one(e, "again0", prompts[0])  # evicted from CPU long ago
         assert first.sources == {HitSource.DISK: 32} and first.async_hit == 32
         # The disk hit was stored back into the CPU tier: next time it is a sync host hit.
@@ -387,7 +387,7 @@ def test_store_due_false_means_the_step_stores_nothing_for_the_request(ops):
     blocks = list(range(14))
     for r, chunks, looked_up, ok in ops:
         rid, toks = f"r{r}", prompts[r]
-        if looked_up and m._reqs.get(rid) is None:
+        if looked_up and not m.requests.knows(rid):
             m.lookup(rid, toks, 0)
         limit = chunks * 8 + r  # a partial chunk too
         due = m.store_due(rid, limit)

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from kvtier.budget import SyncBudget
 from kvtier.config import KVTierConfig
 from kvtier.hints import NO_HINTS, Hints
-from kvtier.manager import on_new_request
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
 from mini_engine import MiniEngine
@@ -83,7 +82,7 @@ def assert_clean(e: MiniEngine) -> None:
 
 def arrive(e: MiniEngine, req_id: str, tokens: list[int], hints: Hints = NO_HINTS) -> None:
     """vLLM's on_new_request: the request is queued, not scheduled yet."""
-    on_new_request(e.manager, req_id, tokens, hints=hints)
+    e.manager.on_new_request(req_id, tokens, hints=hints)
 
 
 @pytest.mark.parametrize("prefetch", [True, False])

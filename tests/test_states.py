@@ -196,13 +196,11 @@ def test_a_request_is_received_once_both_sides_are_and_failed_if_either_failed()
 def _served(manager: CacheManager, states: StateCache, req: str, tokens: list[int]) -> int:
     """Tokens of ``tokens`` a lookup would serve (attention chunks and the state at their
     end), asking again while a remote probe is out, as the connector does."""
-    from kvtier.manager import chain_keys
-
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         hit = manager.lookup(req, tokens, 0)
         if hit is not None:
-            cut = states.trim(req, hit, chain_keys(manager, req), len(tokens))
+            cut = states.trim(req, hit, manager.requests.chain_keys(req), len(tokens))
             if cut is not None:
                 return cut.end
         time.sleep(0.005)

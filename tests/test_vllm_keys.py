@@ -103,7 +103,7 @@ def store(connector, req) -> list[bytes]:
     """Look ``req`` up (computing its keys), then make all its chunks present."""
     connector.get_num_new_matched_tokens(req, 0)
     m = connector.manager
-    keys = m._reqs[req.request_id].chain.keys
+    keys = m.requests.chain_keys(req.request_id)
     index = m.stack[0].index
     todo = keys[index.prefix_len(keys, any_state=True) :]
     slots = index.reserve(todo, keys[len(keys) - len(todo) - 1] if len(todo) < len(keys) else None)

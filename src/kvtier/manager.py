@@ -26,14 +26,15 @@ from kvtier.keys import Key, Namespace
 from kvtier.layout import KVLayout
 from kvtier.metrics import Metrics
 from kvtier.policies.defaults import admission_policy
-from kvtier.sources import HitSource, hit_sources
+from kvtier.sources import HitSource
 from kvtier.stack.arrivals import Arrivals
-from kvtier.stack.job_table import JobEntry, JobTable
+from kvtier.stack.job_table import JobTable
 from kvtier.stack.loads import LoadPlanner
 from kvtier.stack.movement import Movement
-from kvtier.stack.requests import Hit, RequestState
+from kvtier.stack.outcomes import JobOutcomes
+from kvtier.stack.requests import Hit, Requests
 from kvtier.stack.stack import StackTier, TierStack
-from kvtier.stack.store_plan import StoreContext, plan_store
+from kvtier.stack.store_plan import StorePlanner
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ class CacheManager:
     Call order per request: ``lookup`` -> ``plan_load`` -> ``on_allocated`` -> ``hit_sources``
     (all during scheduling), ``build_step`` once per engine step, ``on_report`` with every
     worker report, ``request_finished`` once. Single-threaded (the scheduler's thread).
+    It keeps the order of things; its collaborators do them: ``requests``
+    (:class:`~kvtier.stack.requests.Requests`), ``loads``, ``stores``, ``movement``,
+    ``arrivals`` (prefetch, leases) and ``outcomes`` (what a job's end changes).
     """
 
     def __init__(
@@ -103,11 +107,11 @@ class CacheManager:
         self.blocks_per_chunk = self.chunk_tokens // block_tokens
         self.stack = stack
         self.metrics = metrics or Metrics()
-        self.admission = admission_policy(config, _slots(stack[0].index))
+        self.admission = admission_policy(config, stack.slots(0))
         self.defer_on_inflight_loads = defer_on_inflight_loads
         self.jobs = JobTable(num_workers)
         self.movement = Movement(stack, self.jobs, self.metrics)
-        self._store_ctx = StoreContext(
+        self.stores = StorePlanner(
             stack, self.movement, self.jobs, self.chunk_tokens, self.blocks_per_chunk
         )
         loads = (config.sync_budget, layout, stack, self.jobs, self.metrics)
@@ -115,11 +119,13 @@ class CacheManager:
         self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
         self.arrivals = Arrivals(config, layout, self.chunk_tokens, self.movement)
+        self.outcomes = JobOutcomes(stack, self.loads, self.movement, self.metrics)
         self.recent_hit_sources = self.loads.recent_hit_sources
         """The last requests' hit sources (inspection and tests)."""
         self.recent_load_modes = self.loads.recent_load_modes
         """The last requests' load modes, "sync" or "async" (inspection and tests)."""
-        self._reqs: dict[str, RequestState] = {}
+        self.requests = Requests(namespace, self.chunk_tokens, self.metrics)
+        """The requests with state (read by the connector, recurrent states, tier events)."""
         self._pending_release: dict[str, list[int]] = {}
         # Stores planned when a request finished; its blocks stay allocated until they run.
         self._finish_stores: list[TransferJob] = []
@@ -133,15 +139,6 @@ class CacheManager:
         return self.stack.tiers
 
     # -- requests --------------------------------------------------------------------------
-
-    def _request(self, req_id: str, inputs: KeyInputs = NO_INPUTS) -> RequestState:
-        req = self._reqs.get(req_id)
-        if req is None:
-            chain = self.namespace.key_chain(self.chunk_tokens, inputs)
-            req = self._reqs[req_id] = RequestState(chain, unkeyable=bool(inputs.unkeyable))
-            if inputs.unkeyable:
-                self.metrics.inc("unkeyable_requests", 1, inputs.unkeyable)
-        return req
 
     def lookup(
         self,
@@ -159,7 +156,7 @@ class CacheManager:
         Side-effect free apart from computing the request's keys once (and starting a
         shared tier's probe).
         """
-        req = self._request(req_id, inputs)
+        req = self.requests.open(req_id, inputs)
         if req.unkeyable:
             return Hit(num_computed, num_computed, ())
         req.chain.update(tokens)
@@ -172,8 +169,7 @@ class CacheManager:
         if not req.observed:  # once per request: repeated lookups are not reuse
             req.observed = True
             self.admission.observe(keys)
-            for t, tier in enumerate(self.stack.tiers):
-                tier.index.observe(self.arrivals.observed(req_id, t, keys))
+            self.arrivals.observe(req_id, keys)
         found = self.stack.lookup(keys, first)
         if found is None or self.arrivals.prefetch.waiting(req_id):
             self.deferred += 1
@@ -194,8 +190,7 @@ class CacheManager:
     def lookup_keys(self, req_id: str, keys: Sequence[Key]) -> Hit | None:
         """:meth:`lookup` for a request whose chunk keys are known already (the simulator,
         whose traces carry block hashes, not tokens): one token per chunk."""
-        req = self._request(req_id)
-        req.chain.keys[:] = keys
+        self.requests.open(req_id).chain.keys[:] = keys
         return self.lookup(req_id, range(len(keys) * self.chunk_tokens), 0)
 
     def plan_load(self, req_id: str, hit: Hit, num_tokens: int) -> tuple[int, bool]:
@@ -208,22 +203,15 @@ class CacheManager:
     ) -> None:
         """The engine allocated ``block_ids`` for the request and accepted ``num_external``
         tokens of its hit: build the load job(s) for the next step."""
-        req = self._reqs.get(req_id)
-        hit = req.hit if req is not None else None
-        if req is None or hit is None or num_external <= 0:
-            self.budget.release(req_id)
-            if req is not None:
-                req.load_runs = []
-            return
-        self.loads.allocate(req_id, req, hit, block_ids, num_external, sync)
-        self.arrivals.prefetch.consumed(req_id, -(-(hit.start + num_external) // self.chunk_tokens))
+        req = self.requests.get(req_id)
+        end = self.loads.allocate(req_id, req, block_ids, num_external, sync)
+        if end is not None:
+            self.arrivals.prefetch.consumed(req_id, end)
 
     def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
         """Which tier each of the accepted ``num_external`` hit tokens came from."""
-        req = self._reqs.get(req_id)
-        if req is None or num_external <= 0:
-            return {}
-        return hit_sources([req.load_runs], req.load_start, req.load_start + num_external)
+        req = self.requests.get(req_id)
+        return {} if req is None else req.hit_sources(num_external)
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -252,51 +240,33 @@ class CacheManager:
                 s.req_id, s.tokens, min(s.computed_after_step, s.prompt_len), s.block_ids
             )
         for req_id in preempted:
-            req = self._reqs.get(req_id)
+            req = self.requests.get(req_id)
             if req is not None:
                 plan.flush.extend(j for j in req.jobs if self.jobs.kind_of(j) == "store")
-        if self.budget.used:
-            self.metrics.observe("sync_budget_used_bytes", self.budget.used)
-        self.budget.begin_step((n_batch if batch is None else batch) + 1)
-        self.metrics.set("sync_budget_bytes", self.budget.limit)
+        self.loads.begin_step((n_batch if batch is None else batch) + 1)
         return plan
 
     def store_due(self, req_id: str, limit: int) -> bool:
         """Whether a step ending with ``limit`` of the request's tokens computed (prompt
         tokens only) may store something; False means :meth:`build_step` would plan no
-        store for it, so the caller need not gather its blocks. O(1): by prefix closure the
-        entry tier holds the chain up to chunk ``n`` when it holds chunk ``n``."""
-        req = self._reqs.get(req_id)
-        if req is None:
-            return True
-        n = limit // self.chunk_tokens
-        if req.unkeyable or n <= 0:
-            return False
-        keys = req.chain.keys
-        return len(keys) < n or not self.stack[req.entry].index.has(keys[n - 1])
+        store for it, so the caller need not gather its blocks
+        (:meth:`kvtier.stack.store_plan.StorePlanner.due`, O(1))."""
+        req = self.requests.get(req_id)
+        return req is None or self.stores.due(req, limit)
 
     def _plan_store(
         self, req_id: str, tokens: Sequence[int], limit: int, block_ids: Sequence[int]
     ) -> list[TransferJob]:
-        """:func:`kvtier.stack.store_plan.plan_store` for the request (known or not)."""
-        req = self._reqs.get(req_id) or self._request(req_id)
-        return plan_store(
-            req_id,
-            req,
-            tokens,
-            limit,
-            block_ids,
-            self._store_ctx,
-            self.admission,
-            self.on_store_planned,
-        )
+        """:meth:`kvtier.stack.store_plan.StorePlanner.plan` for the request (known or not)."""
+        req, admission, hook = self.requests.open(req_id), self.admission, self.on_store_planned
+        return self.stores.plan(req_id, req, tokens, limit, block_ids, admission, hook)
 
     def request_finished(
         self, req_id: str, tokens: Sequence[int], num_computed: int, block_ids: Sequence[int]
     ) -> bool:
         """The request is done. Returns True when its blocks must stay allocated until the
         jobs listed in the next plan's ``release`` finish (the worker reports it then)."""
-        req = self._reqs.get(req_id)
+        req = self.requests.get(req_id)
         if req is None:
             return False
         self.budget.release(req_id)
@@ -305,55 +275,25 @@ class CacheManager:
         self.arrivals.finished(req_id, req, tokens, num_computed)
         for tier in self.stack.tiers:  # its stores' deferred ancestor touch: its own cost
             tier.index.settle()
-        req.finished = True
-        if req.jobs:
-            self._pending_release[req_id] = sorted(req.jobs)
-            return True
-        del self._reqs[req_id]
-        return False
+        running = self.requests.finish(req_id, req)
+        if running:
+            self._pending_release[req_id] = running
+        return bool(running)
 
     # -- worker reports --------------------------------------------------------------------
 
     def on_report(self, report: WorkerReport) -> None:
         """Apply a step's worker report: finish jobs, learn bandwidth and step time."""
-        if report.load_bandwidth > 0:
-            self.budget.observe_bandwidth(report.load_bandwidth)
-        if report.forward_seconds > 0:
-            self.budget.observe_step(report.forward_seconds)
+        self.loads.observe_workers(report.load_bandwidth, report.forward_seconds)
         self.metrics.inc_tiers(report.counters)
         for result in report.results:
             entry = self.jobs.answer(result)
             if entry is not None:
-                self._finish_job(entry)
+                job = entry.job
+                self.outcomes.apply(entry, self.requests.get(job.req_id))
+                self.requests.job_ended(job.req_id, job.job_id)
         if report.results:  # leases hold a chain's new chunks as soon as their stores land
             self.arrivals.retention.step()
-
-    def _finish_job(self, entry: JobEntry) -> None:
-        job, result = entry.job, entry.result
-        assert result is not None
-        failed = result.ok.count(False)
-        if job.kind == "load":
-            self.loads.finished(job, result, self._reqs.get(job.req_id))
-        else:
-            dst = job.dst_tier if job.kind == "copy" else job.tier
-            if job.kind == "copy":
-                self.movement.copied(job, result.ok)
-            else:
-                t = self.stack.position[dst]
-                self.stack[t].index.commit(job.keys, result.ok)
-                self.movement.through(t, job.keys, job.slots, job.parents, result.ok, job.req_id)
-            self.metrics.inc("store_bytes", result.nbytes, dst)
-            self.metrics.inc("store_seconds", result.seconds, dst)
-            self.metrics.inc("stored_chunks", len(job.keys) - failed, dst)
-        if failed:
-            kind = "load" if job.kind == "load" else "store"
-            tier = job.dst_tier if job.kind == "copy" else job.tier
-            self.metrics.inc("failures", failed, tier, kind)
-        req = self._reqs.get(job.req_id)
-        if req is not None:
-            req.jobs.discard(job.job_id)
-            if req.finished and not req.jobs:
-                del self._reqs[job.req_id]
 
     # -- admin -----------------------------------------------------------------------------
 
@@ -366,56 +306,18 @@ class CacheManager:
         return bool(len(self.jobs))
 
     def num_requests(self) -> int:
-        return len(self._reqs)
+        return len(self.requests)
 
-
-def knows(manager: CacheManager, req_id: str) -> bool:
-    """Whether the manager has state for the request (it read its inputs at its first
-    lookup, and reads them no more)."""
-    return req_id in manager._reqs
-
-
-def chain_keys(manager: CacheManager, req_id: str, tokens: Sequence[int] = ()) -> Sequence[Key]:
-    """The request's chunk keys computed so far, first extended over ``tokens`` (its
-    tokens from the start); empty for a request it does not know."""
-    req = manager._reqs.get(req_id)
-    if req is None:
-        return ()
-    if tokens and not req.unkeyable:
-        req.chain.update(tokens)
-    return req.chain.keys
-
-
-def set_hit(manager: CacheManager, req_id: str, hit: Hit) -> None:
-    """Replace the hit the request's last lookup found with a part of it (recurrent
-    states: the prefix whose state is present, :mod:`kvtier.stack.states`)."""
-    req = manager._reqs.get(req_id)
-    if req is not None:
-        req.hit = hit if hit.tokens > 0 else None
-
-
-def on_new_request(
-    manager: CacheManager,
-    req_id: str,
-    tokens: Sequence[int],
-    *,
-    inputs: KeyInputs = NO_INPUTS,
-    hints: Hints = NO_HINTS,
-) -> None:
-    """A request arrived (before it is scheduled; vLLM's ``on_new_request``): keep its
-    hints, start its prefetch (:mod:`kvtier.stack.prefetch`). Costs nothing without hints
-    and with prefetch off or nothing below the first tier; otherwise the key computation
-    its first lookup would do anyway, and a lookup in each tier."""
-    arrivals = manager.arrivals
-    want = hints.prefetch_only or arrivals.prefetching()
-    if not want and hints is NO_HINTS:
-        return
-    req = manager._request(req_id, inputs)
-    req.hints = hints
-    if want and not req.unkeyable:
-        req.chain.update(tokens)
-        arrivals.prefetch.arrive(req_id, req.chain.keys)
-
-
-def _slots(index: object) -> int:
-    return int(getattr(index, "num_slots", 0))
+    def on_new_request(
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        *,
+        inputs: KeyInputs = NO_INPUTS,
+        hints: Hints = NO_HINTS,
+    ) -> None:
+        """A request arrived (before it is scheduled; vLLM's ``on_new_request``): keep its
+        hints, start its prefetch (:meth:`kvtier.stack.arrivals.Arrivals.arrive`). Costs
+        nothing without hints and with prefetch off or nothing below the first tier."""
+        if self.arrivals.wants(hints):
+            self.arrivals.arrive(req_id, self.requests.open(req_id, inputs), tokens, hints)

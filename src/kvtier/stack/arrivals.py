@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvtier.config import KVTierConfig
+from kvtier.hints import NO_HINTS, Hints
 from kvtier.jobs import TransferJob
 from kvtier.keys import Key
 from kvtier.layout import KVLayout
+from kvtier.stack.first_tier import FirstTier
 from kvtier.stack.movement import Movement
 from kvtier.stack.prefetch import Prefetcher
 from kvtier.stack.requests import RequestState
@@ -30,19 +32,17 @@ class Arrivals:
         self.config = config
         self.chunk_tokens = chunk_tokens
         self.movement = movement
-        stack = movement.stack
+        first = FirstTier(movement.stack, movement.metrics)
         self.prefetch = Prefetcher(
-            stack,
-            movement.jobs,
+            first,
             movement,
-            movement.metrics,
             layout.chunk_bytes(chunk_tokens),
             step_bytes=config.prefetch_step_bytes,
             inflight_bytes=config.prefetch_inflight_bytes,
             lease_s=config.prefetch_lease_s,
         )
         self.retention = Retention(
-            stack, movement.metrics, max_share=config.retain_max_share, max_s=config.retain_max_s
+            first, max_share=config.retain_max_share, max_s=config.retain_max_s
         )
         movement.on_copied = self.prefetch.landed
 
@@ -50,12 +50,27 @@ class Arrivals:
         """Whether arriving requests are prefetched (config on, a tier to prefetch from)."""
         return self.config.prefetch and self.prefetch.able
 
-    def observed(self, req_id: str, t: int, keys: Sequence[Key]) -> Sequence[Key]:
-        """The part of the request's chain tier ``t``'s policy observes at its first lookup:
-        all of it, but in the first tier not the chunks prefetched for it (a prefetch and
-        its use count as one use)."""
-        mine = self.prefetch.observe_limit(req_id) if t == 0 else None
-        return keys if mine is None else keys[:mine]
+    def wants(self, hints: Hints) -> bool:
+        """Whether a request arriving with ``hints`` needs state before its first lookup:
+        hints to keep, or a prefetch to start."""
+        return hints is not NO_HINTS or hints.prefetch_only or self.prefetching()
+
+    def arrive(self, req_id: str, req: RequestState, tokens: Sequence[int], hints: Hints) -> None:
+        """A request arrived (before it is scheduled): keep its hints, start its prefetch.
+        Costs the key computation its first lookup would do anyway, and a lookup in each
+        tier."""
+        req.hints = hints
+        if (hints.prefetch_only or self.prefetching()) and not req.unkeyable:
+            req.chain.update(tokens)
+            self.prefetch.arrive(req_id, req.chain.keys)
+
+    def observe(self, req_id: str, keys: Sequence[Key]) -> None:
+        """The request's first lookup: every tier's policy observes its chain once, but the
+        first tier not the chunks prefetched for it (a prefetch and its use count as one
+        use)."""
+        mine = self.prefetch.observe_limit(req_id)
+        for t, tier in enumerate(self.movement.stack.tiers):
+            tier.index.observe(keys if t or mine is None else keys[:mine])
 
     def copies(self) -> list[TransferJob]:
         """Once per engine step: leases that ended, the prefetch backlog retried; then the

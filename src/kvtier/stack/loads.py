@@ -54,6 +54,22 @@ class LoadPlanner:
         self.recent_hit_sources: deque[tuple[str, dict[HitSource, int]]] = deque(maxlen=4096)
         self.recent_load_modes: deque[tuple[str, str]] = deque(maxlen=4096)
 
+    def begin_step(self, batch_requests: int) -> None:
+        """A new engine step: count the sync budget the last one used, size this one's for
+        ``batch_requests`` (:meth:`kvtier.budget.BudgetTracker.begin_step`)."""
+        if self.budget.used:
+            self.metrics.observe("sync_budget_used_bytes", self.budget.used)
+        self.budget.begin_step(batch_requests)
+        self.metrics.set("sync_budget_bytes", self.budget.limit)
+
+    def observe_workers(self, load_bandwidth: float, forward_seconds: float) -> None:
+        """What a worker report measured (0: nothing): the load bandwidth and the forward
+        pass time, the inputs of the ``auto`` budget."""
+        if load_bandwidth > 0:
+            self.budget.observe_bandwidth(load_bandwidth)
+        if forward_seconds > 0:
+            self.budget.observe_step(forward_seconds)
+
     def overlaps_loading(self, keys: Sequence[Key], first: int, end: int) -> bool:
         """Whether chunks ``[first, end)`` of this chain are being loaded asynchronously for
         another request. Chained keys make one comparison per in-flight load enough: two
@@ -93,13 +109,21 @@ class LoadPlanner:
     def allocate(
         self,
         req_id: str,
-        req: RequestState,
-        hit: Hit,
+        req: RequestState | None,
         block_ids: Sequence[int],
         num_external: int,
         sync: bool,
-    ) -> None:
-        """Build the load job(s) of an accepted hit; see CacheManager.on_allocated."""
+    ) -> int | None:
+        """Build the load job(s) of the first ``num_external`` tokens of the request's hit
+        (see CacheManager.on_allocated); the end chunk of what they load. None when there
+        is nothing to load (no state, no hit, none of it accepted): the request's sync
+        budget reservation is released."""
+        hit = req.hit if req is not None else None
+        if req is None or hit is None or num_external <= 0:
+            self.budget.release(req_id)
+            if req is not None:
+                req.load_runs = []
+            return None
         c, bt, bpc = self.chunk_tokens, self.block_tokens, self.blocks_per_chunk
         start, end = hit.start, hit.start + num_external
         req.load_start = start
@@ -152,6 +176,7 @@ class LoadPlanner:
         self.recent_load_modes.append((req_id, "sync" if sync else "async"))
         for source, n in sources.items():
             self.metrics.inc("hit_tokens", n, source.label)
+        return end_chunk
 
     def finished(self, job: TransferJob, result: JobResult, req: RequestState | None) -> None:
         """A load ended: a failed chunk (and its descendants) leaves its tier, and the

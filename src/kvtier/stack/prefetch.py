@@ -41,10 +41,8 @@ from dataclasses import dataclass, field
 
 from kvtier.jobs import TransferJob
 from kvtier.keys import Key
-from kvtier.metrics import Metrics
-from kvtier.stack.job_table import JobTable
+from kvtier.stack.first_tier import FirstTier
 from kvtier.stack.movement import Movement
-from kvtier.stack.stack import TierStack
 
 MAX_WAIT_S = 2.0
 """Longest a request's lookup waits for its own prefetch copies; past that it takes its hit
@@ -73,10 +71,8 @@ class Prefetcher:
 
     def __init__(
         self,
-        stack: TierStack,
-        jobs: JobTable,
+        first: FirstTier,
         movement: Movement,
-        metrics: Metrics,
         chunk_bytes: int,
         *,
         step_bytes: int,
@@ -84,13 +80,10 @@ class Prefetcher:
         lease_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.stack = stack
-        self.jobs = jobs
+        self.first = first
         self.movement = movement
-        self.metrics = metrics
         self.chunk_bytes = max(1, chunk_bytes)
-        first = stack[0].index
-        half = int(getattr(first, "num_slots", 0)) // 2 * self.chunk_bytes
+        half = first.slots // 2 * self.chunk_bytes
         self.inflight_cap = min(inflight_bytes, half)
         self.step_cap = step_bytes
         self.lease_s = lease_s
@@ -101,6 +94,7 @@ class Prefetcher:
         self._reqs: dict[str, _Prefetch] = {}
         self._jobs: dict[int, str] = {}
         self._backlog: OrderedDict[str, Sequence[Key]] = OrderedDict()
+        stack = first.stack
         self.able = len(stack) > 1 and not stack[0].shared and self.inflight_cap > 0
         """Whether there is a tier to prefetch from and room to prefetch into."""
 
@@ -113,11 +107,10 @@ class Prefetcher:
 
     def _try(self, req_id: str, keys: Sequence[Key]) -> bool:
         """Plan what fits of the request's prefetch; False to retry it next step."""
-        first = self.stack[0]
-        start = first.index.stored_len(keys)
+        start = self.first.index.stored_len(keys)
         if start >= len(keys):
             return True
-        runs = self.stack.lookup(keys, start)
+        runs = self.first.stack.lookup(keys, start)
         if runs is None:
             return False  # a shared tier's probe is in flight
         if not runs:
@@ -159,7 +152,7 @@ class Prefetcher:
         b: int,
         dst_slots: list[int],
     ) -> None:
-        src, dst = self.stack[t], self.stack[0]
+        src, dst = self.first.stack[t], self.first.stack[0]
         chunk_keys = list(keys[a:b])
         copy = TransferJob(
             job_id=0,
@@ -175,11 +168,12 @@ class Prefetcher:
             parents=[keys[a - 1] if a else None, *chunk_keys[:-1]],
             after=self.movement.after(0, dst_slots),
         )
-        job_id = self.jobs.add(copy, self.jobs.hold(src.index, chunk_keys[-1]))
+        jobs = self.movement.jobs
+        job_id = jobs.add(copy, jobs.hold(src.index, chunk_keys[-1]))
         rec.jobs.add(job_id)
         self._jobs[job_id] = req_id
         self.movement.pending.append(copy)
-        self.metrics.inc("prefetch_chunks", len(chunk_keys), src.name)
+        self.first.metrics.inc("prefetch_chunks", len(chunk_keys), src.name)
 
     # -- copies ----------------------------------------------------------------------------
 
@@ -191,16 +185,14 @@ class Prefetcher:
         rec.jobs.discard(job.job_id)
         if rec.jobs:
             return
-        index = self.stack[0].index
-        n = index.leading(rec.keys[: rec.end], rec.start)
-        rec.landed = max(0, (n if isinstance(n, int) else rec.start) - rec.start)
+        rec.landed = max(0, self.first.readable(rec.keys[: rec.end], rec.start) - rec.start)
         if rec.closed and rec.landed:  # landed after its request was done with it
-            self.metrics.inc("prefetch_unused_chunks", rec.landed)
+            self.first.metrics.inc("prefetch_unused_chunks", rec.landed)
         if rec.closed or not rec.landed:  # nothing to hold: release its bytes now
             self._close(req_id, rec, 0)
         else:
             key = rec.keys[rec.start + rec.landed - 1]
-            if index.hold(key):
+            if self.first.hold(key):
                 rec.held = key
 
     def waiting(self, req_id: str) -> bool:
@@ -239,11 +231,11 @@ class Prefetcher:
         if not rec.closed:
             rec.closed = True
             if used:
-                self.metrics.inc("prefetch_used_chunks", used)
+                self.first.metrics.inc("prefetch_used_chunks", used)
             if rec.landed > used:
-                self.metrics.inc("prefetch_unused_chunks", rec.landed - used)
+                self.first.metrics.inc("prefetch_unused_chunks", rec.landed - used)
             if rec.held is not None:
-                self.stack[0].index.release(rec.held)
+                self.first.release(rec.held)
                 rec.held = None
         if not rec.jobs:  # copies still running keep their bytes counted until they end
             self.inflight -= rec.nbytes

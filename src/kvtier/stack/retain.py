@@ -28,8 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.keys import Key
-from kvtier.metrics import Metrics
-from kvtier.stack.stack import TierStack
+from kvtier.stack.first_tier import FirstTier
 
 
 @dataclass
@@ -46,20 +45,16 @@ class Retention:
 
     def __init__(
         self,
-        stack: TierStack,
-        metrics: Metrics,
+        first: FirstTier,
         *,
         max_share: float,
         max_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.stack = stack
-        self.metrics = metrics
+        self.first = first
         self.max_s = max_s
         self.clock = clock
-        first = stack[0]
-        slots = 0 if first.shared else int(getattr(first.index, "num_slots", 0))
-        self.cap = int(max_share * slots)
+        self.cap = int(max_share * first.slots)
         """Chunks all leases together may cover."""
         self.covered = 0
         self._leases: dict[str, _Lease] = {}
@@ -78,10 +73,10 @@ class Retention:
                 self._drop(other_id)
         n = min(len(keys), self.cap - self.covered)
         if n < len(keys):
-            self.metrics.inc("retain_refused_chunks", len(keys) - n)
+            self.first.metrics.inc("retain_refused_chunks", len(keys) - n)
         if n <= 0:
             return
-        self.metrics.inc("retained_chunks", n)
+        self.first.metrics.inc("retained_chunks", n)
         self.covered += n
         lease = self._leases[req_id] = _Lease(keys[:n], self.clock() + seconds)
         self._deepen(lease)
@@ -99,17 +94,16 @@ class Retention:
                 self._deepen(lease)
 
     def _deepen(self, lease: _Lease) -> None:
-        index = self.stack[0].index
-        n = index.leading(lease.keys, 0)
-        if not isinstance(n, int) or n <= lease.depth:
+        n = self.first.readable(lease.keys)
+        if n <= lease.depth:
             return
-        if index.hold(lease.keys[n - 1]):
+        if self.first.hold(lease.keys[n - 1]):
             self._release(lease)
             lease.held, lease.depth = lease.keys[n - 1], n
 
     def _release(self, lease: _Lease) -> None:
         if lease.held is not None:
-            self.stack[0].index.release(lease.held)
+            self.first.release(lease.held)
             lease.held, lease.depth = None, 0
 
     def _drop(self, req_id: str) -> None:

@@ -80,6 +80,11 @@ class TierStack:
         """The rules of the edge from tier ``upper`` to tier ``upper + 1``."""
         return self.tiers[upper + 1].spec
 
+    def slots(self, t: int) -> int:
+        """Slots of tier ``t``'s index; 0 for an index that addresses by key (a shared
+        tier), which has no slot count to bound anything by."""
+        return int(getattr(self.tiers[t].index, "num_slots", 0))
+
     def has_below(self, t: int) -> bool:
         return t + 1 < len(self.tiers)
 

@@ -47,15 +47,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier import timeline
-from kvtier.keyinputs import NO_INPUTS
-from kvtier.manager import CacheManager, ScheduledRequest, knows
+from kvtier.manager import CacheManager
 from kvtier.metrics import Metrics
-from kvtier.stack.build import build_stack
-from kvtier.vllm.arrivals import ArrivalHooks
-from kvtier.vllm.events import ConnectorEvents, events_enabled
+from kvtier.vllm.events import ConnectorEvents
 from kvtier.vllm.groups import UnsupportedLayout
 from kvtier.vllm.hybrid import HybridScheduler
 from kvtier.vllm.metadata import KVTierMetadata, KVTierWorkerMetadata
+from kvtier.vllm.scheduler_role import SchedulerRole
 from kvtier.vllm.stats import KVTierPromMetrics, KVTierStats
 from kvtier.worker import WorkerSide
 
@@ -69,16 +67,21 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-from kvtier.vllm.connector_setup import ConnectorSetup, log_start, log_step, worker_side
+from kvtier.vllm.connector_setup import ConnectorSetup, worker_side
 
 log = logging.getLogger("kvtier")
 
 
-class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
+class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offloading for vLLM (see the module docstring). ``SupportsHMA``: vLLM
     keeps its hybrid KV-cache manager on, and kvtier serves every KV-cache group (per-group
     block ids, :mod:`kvtier.transfer.groups`; recurrent states: :mod:`kvtier.vllm.hybrid`),
-    refuses the layout at start, or runs with offload off (:mod:`kvtier.vllm.groups`)."""
+    refuses the layout at start, or runs with offload off (:mod:`kvtier.vllm.groups`).
+
+    The scheduler-side calls are forwarded to :attr:`scheduler` (a
+    :class:`~kvtier.vllm.scheduler_role.SchedulerRole`, None on a worker), the worker-side
+    ones to :attr:`worker` (a :class:`~kvtier.worker.WorkerSide`, made when vLLM registers
+    the KV caches)."""
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -89,146 +92,75 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
         except UnsupportedLayout as e:
             log.error("%s", e)  # the one line an operator sees above vLLM's traceback
             raise
-        self.manager: CacheManager | None = None
+        self.scheduler: SchedulerRole | None = None
         self.worker: WorkerSide | None = None
-        self.states: HybridScheduler | None = None
-        """Scheduler side of recurrent states (hybrid models kvtier serves)."""
-        self.events: ConnectorEvents | None = None
-        """Tier events for KV-aware routers; only while the engine publishes KV events."""
-        self._requests: dict[str, Request] = {}
-        self._planned_async: dict[str, bool] = {}
-        self.preemptions = 0
-        """Requests vLLM preempted while kvtier was serving it (inspection and tests)."""
-        self.totals = Metrics()
-        """Everything reported since start (the interval metrics go to vLLM's stats)."""
         if role == KVConnectorRole.SCHEDULER:
-            s = self.setup
-            stack = build_stack(s.config, s.context(), s.specs)
-            self.manager = CacheManager(
-                s.config,
-                s.layout,
-                s.namespace,
-                s.block_tokens,
-                stack,
-                num_workers=s.world_size,
-                defer_on_inflight_loads=vllm_config.cache_config.enable_prefix_caching,
-                sync_loads=not s.request_failures,
-            )
-            if s.states is not None:  # linked to the tiers after the events' listeners
-                self.states = HybridScheduler(s.states, self.manager, stack)
-            if events_enabled(vllm_config):
-                self.events = ConnectorEvents(
-                    self.manager,
-                    self._requests,
-                    kv_cache_config,
-                    s.block_tokens,
-                    remote=s.config.events_remote,
-                    states=self.states.cache if self.states is not None else None,
-                )
-            if self.states is not None:
-                self.states.link()
+            self.scheduler = SchedulerRole(self.setup, vllm_config, kv_cache_config)
             kvt = self._kv_transfer_config
             if kvt.kv_load_failure_policy != "recompute":
                 # A tier miss or failed copy must mean "recompute", never a failed request.
                 log.info("kvtier: setting kv_load_failure_policy='recompute'")
                 kvt.kv_load_failure_policy = "recompute"
-            log_start(s, stack)
 
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a dropped store is a future miss
 
+    # -- the scheduler role's parts, for inspection and tests (None on a worker) ---------
+
+    @property
+    def manager(self) -> CacheManager | None:
+        return self.scheduler.manager if self.scheduler is not None else None
+
+    @property
+    def states(self) -> HybridScheduler | None:
+        return self.scheduler.states if self.scheduler is not None else None
+
+    @property
+    def events(self) -> ConnectorEvents | None:
+        return self.scheduler.events if self.scheduler is not None else None
+
+    @property
+    def preemptions(self) -> int:
+        """Requests vLLM preempted while kvtier was serving it."""
+        return self.scheduler.preemptions if self.scheduler is not None else 0
+
+    @property
+    def totals(self) -> Metrics:
+        """Everything reported since start (the interval metrics go to vLLM's stats)."""
+        return self.scheduler.totals if self.scheduler is not None else Metrics()
+
     # == scheduler side ===================================================================
+
+    def _sched(self) -> SchedulerRole:
+        assert self.scheduler is not None, "a scheduler-side call on a worker"
+        return self.scheduler
+
+    def on_new_request(self, request: Request) -> None:
+        if self.scheduler is not None:
+            self.scheduler.on_new_request(request)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        assert self.manager is not None
-        # The manager reads a request's inputs at its first lookup only; a multimodal one's
-        # cost a digest of each item's mask, so later lookups do not build them again.
-        known = knows(self.manager, request.request_id)
-        inputs = NO_INPUTS if known else self.setup.key_inputs(request)
-        hit = self.manager.lookup(
-            request.request_id, request.all_token_ids, num_computed_tokens, inputs=inputs
-        )
-        if hit is None:
-            return None, False
-        if self.states is not None:
-            hit = self.states.trim(request.request_id, hit, request.num_tokens)
-            if hit is None:
-                return None, False
-        if self.events is not None:
-            self.events.looked_up(request)
-        n, is_async = self.manager.plan_load(request.request_id, hit, request.num_tokens)
-        self._planned_async[request.request_id] = is_async
-        timeline.event("sched.lookup", req=request.request_id, tokens=n, is_async=is_async)
-        return n, is_async and n > 0
+        return self._sched().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        assert self.manager is not None
-        req_id = request.request_id
-        self._requests[req_id] = request
-        is_async = self._planned_async.pop(req_id, False)
-        if num_external_tokens > 0:
-            per_group = blocks.get_block_ids()
-            block_ids = self.setup.codec.encode(self.setup.attention(per_group))
-            self.manager.on_allocated(req_id, block_ids, num_external_tokens, sync=not is_async)
-            if self.states is not None:
-                self.states.cache.allocated(req_id, per_group, num_external_tokens)
+        self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
     ) -> dict[CacheHitSource, int]:
-        assert self.manager is not None
-        got = self.manager.hit_sources(request.request_id, num_external_tokens)
-        return {CacheHitSource(src.label): n for src, n in got.items()}
+        return self._sched().get_external_cache_hit_sources(request, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        assert self.manager is not None and self._kv_cache_manager is not None
-        scheduled = []
-        num_sched = scheduler_output.num_scheduled_tokens
-        batch = 0
-        for req_id, n in num_sched.items():
-            request = self._requests.get(req_id)
-            if request is None:
-                continue
-            batch += 1
-            # Most steps of a running request store nothing (decode): skip gathering its
-            # block ids, which vLLM builds as a new list per call (O(its blocks)).
-            limit = min(request.num_computed_tokens + n, request.num_prompt_tokens)
-            if not self.manager.store_due(req_id, limit):
-                continue
-            per_group = self._kv_cache_manager.get_block_ids(req_id)
-            block_ids = self.setup.codec.encode(self.setup.attention(per_group))
-            scheduled.append(
-                ScheduledRequest(
-                    req_id,
-                    request.all_token_ids,
-                    request.num_computed_tokens + n,
-                    block_ids,
-                    request.num_prompt_tokens,
-                )
-            )
-        preempted = scheduler_output.preempted_req_ids or ()
-        self.preemptions += len(preempted)
-        plan = self.manager.build_step(scheduled, preempted, batch=batch)
-        plan.idle = scheduler_output.total_num_scheduled_tokens == 0
-        if self.states is not None:
-            plan.states = self.states.step(scheduler_output, self._requests)
-        log_step(self.manager, plan, dict(num_sched), preempted)
-        return KVTierMetadata(plan)
+        assert self._kv_cache_manager is not None
+        return self._sched().build_connector_meta(scheduler_output, self._kv_cache_manager)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        assert self.manager is not None
-        meta = connector_output.kv_connector_worker_meta
-        if timeline.enabled():
-            timeline.event("sched.output", recving=sorted(connector_output.finished_recving or ()))
-        if isinstance(meta, KVTierWorkerMetadata):
-            self.manager.on_report(meta.report)
-            if self.states is not None:
-                self.states.on_report(meta.report)
+        self._sched().update_connector_output(connector_output)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -238,46 +170,20 @@ class KVTierConnector(ArrivalHooks, KVConnectorBase_V1, SupportsHMA):
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        assert self.manager is not None
-        ids = self.setup.codec.encode(self.setup.attention(block_ids))
-        req_id = request.request_id
-        if self.states is not None:
-            self.states.cache.forget(req_id)
-        self._planned_async.pop(req_id, None)
-        delay = self.manager.request_finished(
-            req_id, request.all_token_ids, request.num_computed_tokens, ids
-        )
-        self._requests.pop(req_id, None)  # after its last stores are planned (tier events)
-        if self.events is not None:
-            self.events.finished(req_id)
-        return delay, None
+        return self._sched().request_finished_all_groups(request, block_ids)
 
     def has_pending_push_work(self) -> bool:
-        # Keep the engine stepping while stores are in flight, so their completion reaches
-        # the scheduler (and the chunks become hits) even when no request is running.
-        if self.events is not None and self.events.pending():
-            return True  # events left over by a bounded take: publish them on later steps
-        if self.states is not None and self.states.pending():
-            return True
-        return self.manager is not None and self.manager.has_pending_jobs()
+        return self.scheduler is not None and self.scheduler.has_pending_push_work()
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         # vLLM drains this every step, events on or off: with them off there is no log.
-        return self.events.take() if self.events is not None else ()
+        return self.scheduler.take_events() if self.scheduler is not None else ()
 
     def reset_cache(self) -> bool | None:
-        if self.states is not None:
-            self.states.cache.cache.reset()
-        return self.manager.reset() if self.manager is not None else None
+        return self.scheduler.reset_cache() if self.scheduler is not None else None
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
-        if self.manager is None:
-            return None
-        m = self.manager.metrics.take()
-        if m.is_empty():
-            return None
-        self.totals.merge(m)
-        return KVTierStats.of(m)
+        return self.scheduler.get_kv_connector_stats() if self.scheduler is not None else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVTierStats | None:

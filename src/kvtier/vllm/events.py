@@ -46,7 +46,7 @@ from vllm.v1.core.kv_cache_utils import (
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 
 from kvtier.keys import Key
-from kvtier.manager import CacheManager, chain_keys
+from kvtier.manager import CacheManager
 from kvtier.stack.stack import StackTier
 from kvtier.stack.states import StateCache
 from kvtier.tier_events import EventRun, TierEvents
@@ -168,10 +168,10 @@ class ConnectorEvents:
         """A request was looked up: announce what restored tiers hold of its prefix (a
         no-op, O(1), unless some restored chunk was never announced)."""
         if self.log.unknown > 0:
-            keys = chain_keys(self.manager, request.request_id)
+            keys = self.manager.requests.chain_keys(request.request_id)
             self.log.announce_held(self._source(request), keys)
         if self.states is not None and self.states.log.unknown > 0:
-            keys = chain_keys(self.manager, request.request_id)
+            keys = self.manager.requests.chain_keys(request.request_id)
             self.states.looked_up(self._source(request), keys)
 
     def finished(self, req_id: str) -> None:

@@ -32,7 +32,7 @@ from kvtier.contract.spec import TierSpec
 from kvtier.errors import ConfigError
 from kvtier.jobs import StepPlan, TransferJob, WorkerReport
 from kvtier.keys import Namespace
-from kvtier.manager import CacheManager, chain_keys, set_hit
+from kvtier.manager import CacheManager
 from kvtier.stack.build import build_stack, build_stores
 from kvtier.stack.requests import Hit
 from kvtier.stack.stack import TierStack
@@ -171,10 +171,10 @@ class HybridScheduler:
         hit); None: ask again later."""
         if hit.tokens <= 0:
             return hit
-        keys = chain_keys(self.manager, req_id)
+        keys = self.manager.requests.chain_keys(req_id)
         cut = self.cache.trim(req_id, hit, keys, num_tokens)
         if cut is not None:
-            set_hit(self.manager, req_id, cut)
+            self.manager.requests.set_hit(req_id, cut)
         return cut
 
     def step(self, scheduler_output: Any, requests: Mapping[str, Any]) -> StepPlan:
@@ -184,7 +184,7 @@ class HybridScheduler:
             if request is None:
                 continue
             top = max(b for _, _, b in offers)
-            keys = chain_keys(self.manager, req_id, request.all_token_ids[:top])
+            keys = self.manager.requests.chain_keys(req_id, request.all_token_ids[:top])
             for group, block, boundary in offers:
                 self.cache.offer(req_id, group, block, boundary, keys)
         return self.cache.build_step()

@@ -70,50 +70,35 @@ class TraceShape:
     """A session ends once its next prompt would exceed this many tokens."""
 
 
+_PRESET_FIELDS = (
+    "sessions",
+    "session_rate",
+    "turns_max",
+    "turns_skew",
+    "think_s",
+    "system_sizes",
+    "systems_per_size",
+    "system_skew",
+    "user_tokens",
+    "answer_tokens",
+    "doc_rate",
+    "doc_tokens",
+)
+"""The columns of :data:`_PRESETS`, in order (``max_prompt`` keeps its default)."""
+
+_PRESETS: dict[str, tuple[Any, ...]] = {
+    "chat": (600, 1.0, 12, 1.3, 60.0, (1024, 4096, 8192), 3, 1.2, 200, 350, 0.2, 24000),
+    "agent": (300, 0.5, 40, 0.9, 8.0, (2048, 8192, 16384), 2, 1.2, 600, 250, 0.05, 24000),
+    "docs": (500, 1.0, 6, 1.6, 90.0, (512, 2048), 4, 1.2, 200, 350, 0.8, 16000),
+    "skewed": (800, 2.0, 25, 1.8, 30.0, (1024, 4096, 12288), 5, 1.6, 120, 200, 0.1, 24000),
+    "longsys": (400, 1.0, 12, 1.3, 60.0, (8192, 16384, 32768), 2, 1.2, 200, 350, 0.05, 24000),
+}
+"""One row of :data:`_PRESET_FIELDS` per preset: a table, so presets compare column by
+column (``chat`` is :class:`TraceShape`'s defaults)."""
+
 SHAPES: dict[str, TraceShape] = {
-    "chat": TraceShape(),
-    "agent": TraceShape(
-        sessions=300,
-        session_rate=0.5,
-        turns_max=40,
-        turns_skew=0.9,
-        think_s=8.0,
-        system_sizes=(2048, 8192, 16384),
-        systems_per_size=2,
-        user_tokens=600,
-        answer_tokens=250,
-        doc_rate=0.05,
-    ),
-    "docs": TraceShape(
-        sessions=500,
-        session_rate=1.0,
-        turns_max=6,
-        turns_skew=1.6,
-        think_s=90.0,
-        system_sizes=(512, 2048),
-        systems_per_size=4,
-        doc_rate=0.8,
-        doc_tokens=16000,
-    ),
-    "skewed": TraceShape(
-        sessions=800,
-        session_rate=2.0,
-        turns_max=25,
-        turns_skew=1.8,
-        think_s=30.0,
-        system_sizes=(1024, 4096, 12288),
-        systems_per_size=5,
-        system_skew=1.6,
-        user_tokens=120,
-        answer_tokens=200,
-        doc_rate=0.1,
-    ),
-    "longsys": TraceShape(
-        sessions=400,
-        system_sizes=(8192, 16384, 32768),
-        systems_per_size=2,
-        doc_rate=0.05,
-    ),
+    name: TraceShape(**dict(zip(_PRESET_FIELDS, row, strict=True)))
+    for name, row in _PRESETS.items()
 }
 """Presets: chat (ShareGPT-like), longsys (multi-turn chat behind long system prompts),
 agent (long sessions, short pauses, big tool prompts),

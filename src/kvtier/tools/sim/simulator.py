@@ -55,7 +55,7 @@ from kvtier.hints import Hints
 from kvtier.jobs import JobResult, StepPlan, WorkerReport
 from kvtier.keys import Namespace
 from kvtier.layout import KVLayout
-from kvtier.manager import CacheManager, ScheduledRequest, on_new_request
+from kvtier.manager import CacheManager, ScheduledRequest
 from kvtier.policies import eviction_names
 from kvtier.stack.build import build_stack
 from kvtier.tiers.disk.kind import DiskOptions
@@ -184,7 +184,7 @@ def replay_index(
         if req is not None:
             now[0] = req.timestamp / 1000
         if hints and req is not None and req.retain_s:
-            on_new_request(manager, req_id, (), hints=Hints(retain_s=req.retain_s))
+            manager.on_new_request(req_id, (), hints=Hints(retain_s=req.retain_s))
         hit = manager.lookup_keys(req_id, keys)
         assert hit is not None  # no tier here answers "not yet"
         for name, c0, c1 in hit.runs:
