@@ -1,8 +1,9 @@
 """``KVTierConnector``: kvtier as a vLLM v1 KV connector (scheduler and worker roles).
 
-A thin adapter. The scheduler role maps vLLM's calls onto :class:`kvtier.manager.CacheManager`
-(keys, lookups, sync/async load plans, stores, hit sources); the worker role maps them onto
-:class:`kvtier.worker.WorkerSide` (copies). What crosses between them is kvtier's own
+A thin adapter. In the scheduler role it forwards vLLM's calls to
+:class:`kvtier.vllm.scheduler_role.SchedulerRole`, which maps them onto
+:class:`kvtier.manager.CacheManager` (keys, lookups, sync/async load plans, stores, hit
+sources); in the worker role it maps them onto :class:`kvtier.worker.WorkerSide` (copies). What crosses between them is kvtier's own
 plain-data ``StepPlan`` and ``WorkerReport``.
 
 Step timeline on a worker:
