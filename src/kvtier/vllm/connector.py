@@ -3,8 +3,8 @@
 A thin adapter. In the scheduler role it forwards vLLM's calls to
 :class:`kvtier.vllm.scheduler_role.SchedulerRole`, which maps them onto
 :class:`kvtier.manager.CacheManager` (keys, lookups, sync/async load plans, stores, hit
-sources); in the worker role it maps them onto :class:`kvtier.worker.WorkerSide` (copies). What crosses between them is kvtier's own
-plain-data ``StepPlan`` and ``WorkerReport``.
+sources); in the worker role it maps them onto :class:`kvtier.worker.WorkerSide` (copies).
+What crosses between them is kvtier's own plain-data ``StepPlan`` and ``WorkerReport``.
 
 Step timeline on a worker:
 
