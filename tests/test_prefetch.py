@@ -112,13 +112,34 @@ def test_a_disk_prefix_is_a_host_hit_once_prefetched(tmp_path, prefetch):
         e.close()
 
 
-def test_a_request_scheduled_during_its_prefetch_waits_for_it(tmp_path):
-    """Scheduled in the step right after its arrival: its lookup waits for its own copies
-    (no second read of the same disk chunks), then loads from host memory."""
-    e = engine(tmp_path, disk_fault=FaultPlan(slow_rate=1.0, slow_seconds=0.05))
+def test_a_request_admitted_in_its_arrival_step_reads_its_hit_once(tmp_path):
+    """Admitted in the step it arrived in: there is no wait to hide a copy in, so nothing is
+    prefetched; its hit loads from where it lies (the disk), read once."""
+    e = engine(tmp_path)
     try:
         on_disk_only(e)
         r = e.add("r", PROMPT + [3], arrive=True)
+        e.run()
+        assert r.sources == {HitSource.DISK: 5 * C}
+        assert metric(e, "prefetch_chunks", "disk") == 0
+        assert metric(e, "loads", "disk", "async") == 1
+        assert_clean(e)
+    finally:
+        e.close()
+
+
+def test_a_request_looked_up_but_not_admitted_is_prefetched_at_step_end(tmp_path):
+    """Looked up in its arrival step but not admitted (no free blocks, as when vLLM's KV
+    cache is full): its prefetch is planned at the step's end; its next lookup waits for
+    its own copies (no second read of the same disk chunks), then loads from host memory."""
+    e = engine(tmp_path, disk_fault=FaultPlan(slow_rate=1.0, slow_seconds=0.05))
+    try:
+        on_disk_only(e)
+        free, e.free = e.free, []
+        r = e.add("r", PROMPT + [3], arrive=True)
+        e.step()
+        assert not r.blocks and metric(e, "prefetch_chunks", "disk") == 5
+        e.free = free
         e.run()
         assert r.sources == {HitSource.HOST: 5 * C}
         assert e.manager.deferred >= 1
@@ -133,6 +154,8 @@ def test_abort_while_prefetching_pins_nothing(tmp_path):
     try:
         on_disk_only(e)
         arrive(e, "r", PROMPT + [3])
+        e.step()  # the arrival step's end plans the copies (slow: still running)
+        assert metric(e, "prefetch_chunks", "disk") == 5
         e.manager.request_finished("r", PROMPT + [3], 0, [])  # aborted, never scheduled
         e.run()  # the copies land after the abort
         assert metric(e, "prefetch_unused_chunks") == 5
@@ -225,9 +248,8 @@ def test_caps_bound_the_bytes_in_flight_and_the_rest_waits(tmp_path):
         p = e.manager.arrivals.prefetch
         p.inflight_cap = 2 * p.chunk_bytes
         arrive(e, "r", PROMPT + [3])
-        assert p.inflight == 2 * p.chunk_bytes
-        busy(e, 1)
-        assert p.inflight <= p.inflight_cap
+        busy(e, 1)  # the arrival step's end plans what fits; the hold keeps it taken
+        assert p.inflight == 2 * p.chunk_bytes == p.inflight_cap
         r = e.add("r", PROMPT + [3])
         e.run()
         assert r.sources.get(HitSource.HOST, 0) >= 2 * C  # the part that was prefetched

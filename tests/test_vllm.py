@@ -349,6 +349,48 @@ def test_disk_tier_survives_an_engine_restart(tmp_path, baseline):
     assert_clean(bad)
 
 
+def _serve(name: str, which: list[int]) -> dict[str, Any]:
+    reqs = [{"id": f"{name}-{i}", "prompt": PROMPTS[i], "max_tokens": 12} for i in which]
+    return {"op": "serve", "name": name, "requests": reqs, "max_concurrency": 1}
+
+
+DISK_ONLY = [{"op": "evict", "tier": "cpu"}, {"op": "reset_prefix_cache"}]
+MEASURE_THEN_SYNC = [
+    _serve("fill", [0, 1, 2]),
+    *DISK_ONLY,
+    _serve("measure", [0]),  # the disk tier's first load is async: it prices the tier
+    *DISK_ONLY,
+    _serve("sync", [1, 2]),
+]
+
+
+@pytest.mark.xdist_group("vllm-stacks")
+@pytest.mark.parametrize("faulty", [False, True])
+def test_disk_hits_load_within_the_step_once_the_disk_is_priced(tmp_path, baseline, faulty):
+    """A disk-only prefix loads asynchronously while the disk tier's bandwidth is unknown;
+    once a load priced it, disk hits that fit the step's budget load within the step,
+    straight from the slab into engine blocks: token-identical to vLLM alone. With a
+    quarter of the disk reads failing (which loads fail, and so which are priced and go
+    sync, depends on timing), every failed load is recomputed: outputs still identical.
+    (The mini engine's ``test_a_measured_disk_tier_loads_within_the_step`` fails a sync
+    disk load on purpose.)"""
+    disk: dict[str, Any] = {"kind": "disk", "path": str(tmp_path / "disk"), "capacity": "1GiB"}
+    if faulty:
+        disk["faults"] = {"seed": 3, "read_fail_rate": 0.25}
+    cfg = {"sync_budget": "1GiB", "tiers": [{"kind": "cpu", "capacity": "256MiB"}, disk]}
+    r = run(tmp_path, cfg, program=MEASURE_THEN_SYNC)
+    want = outputs(baseline)[0]
+    got = outputs(r)
+    assert got[0] == want and got[1] == [want[0]] and got[2] == [want[1], want[2]]
+    if not faulty:
+        assert sources(r, 1) == [{"disk": expected_hit(len(PROMPTS[0]), False)}]
+        assert all(set(s) == {"disk"} for s in sources(r, 2))
+        assert metric(r, "loads", "disk", "async") == 1
+        assert metric(r, "loads", "disk", "sync") == 2
+    assert (metric(r, "failures", "disk", "load") > 0) == faulty
+    assert_clean(r)
+
+
 @pytest.mark.xdist_group("vllm-stacks")
 def test_write_back_disk_serves_what_the_cpu_tier_evicted(tmp_path, baseline):
     """A 12-chunk CPU tier, write-back: the chunks it evicts are demoted to disk and come

@@ -12,6 +12,12 @@ and the step time an average of measured forward passes, sync copies excluded, s
 budget cannot feed back into a larger step time. Nothing here needs tuning per deployment.
 Until both are measured the auto budget is 0 (every hit loads async).
 
+The budget is counted in bytes of host-memory copy. A load from a tier that is not host
+memory (the disk tier) is charged what a host copy of the same duration would move: its
+bytes times ``bandwidth / tier bandwidth``, the tier's bandwidth measured from its own
+finished loads (sync or async; an average, so a cold device read raises the price of the
+next ones). A tier whose loads were never measured cannot load within the step.
+
 The configured budget (:class:`SyncBudget`, the config's ``sync_budget``) is defined here,
 next to what spends it, so that the load planner is handed it alone, not the config.
 """
@@ -68,6 +74,8 @@ class BudgetTracker:
         self.budget = budget
         self.bandwidth: float | None = None
         """Load copy bandwidth, bytes/s."""
+        self.tier_bandwidth: dict[str, float] = {}
+        """Measured load bandwidth (bytes/s) of each tier that is not host memory, by name."""
         self.step_seconds: float | None = None
         """Average forward-pass seconds per step, sync copies excluded."""
         self.batch = 1
@@ -120,6 +128,25 @@ class BudgetTracker:
             self.bandwidth = (
                 bw if self.bandwidth is None else (1 - _EMA) * self.bandwidth + _EMA * bw
             )
+
+    def observe_tier_load(self, tier: str, nbytes: int, seconds: float) -> None:
+        """A finished load from ``tier`` (not host memory), sync or async (large ones
+        only): refines that tier's bandwidth."""
+        if nbytes >= _MIN_OBSERVED_BYTES and seconds > 0:
+            bw = nbytes / seconds
+            old = self.tier_bandwidth.get(tier)
+            self.tier_bandwidth[tier] = bw if old is None else (1 - _EMA) * old + _EMA * bw
+
+    def host_bytes(self, tier: str | None, nbytes: int) -> int | None:
+        """What loading ``nbytes`` from ``tier`` (None: host memory) costs of the budget:
+        the bytes a host copy moves in the same time; None while that is unknown (the
+        tier's or the host copy's bandwidth not measured yet)."""
+        if tier is None:
+            return nbytes
+        bw = self.tier_bandwidth.get(tier)
+        if bw is None or self.bandwidth is None:
+            return None
+        return int(nbytes * self.bandwidth / bw)
 
     def observe_step(self, forward_seconds: float) -> None:
         """A measured forward pass (sync copies excluded)."""

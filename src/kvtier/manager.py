@@ -203,10 +203,8 @@ class CacheManager:
     ) -> None:
         """The engine allocated ``block_ids`` for the request and accepted ``num_external``
         tokens of its hit: build the load job(s) for the next step."""
-        req = self.requests.get(req_id)
-        end = self.loads.allocate(req_id, req, block_ids, num_external, sync)
-        if end is not None:
-            self.arrivals.prefetch.consumed(req_id, end)
+        end = self.loads.allocate(req_id, self.requests.get(req_id), block_ids, num_external, sync)
+        self.arrivals.prefetch.consumed(req_id, end)  # admitted: its prefetch is done with
 
     def hit_sources(self, req_id: str, num_external: int) -> dict[HitSource, int]:
         """Which tier each of the accepted ``num_external`` hit tokens came from."""

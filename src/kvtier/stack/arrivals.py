@@ -56,13 +56,14 @@ class Arrivals:
         return hints is not NO_HINTS or hints.prefetch_only or self.prefetching()
 
     def arrive(self, req_id: str, req: RequestState, tokens: Sequence[int], hints: Hints) -> None:
-        """A request arrived (before it is scheduled): keep its hints, start its prefetch.
-        Costs the key computation its first lookup would do anyway, and a lookup in each
-        tier."""
+        """A request arrived (before it is scheduled): keep its hints, queue its prefetch
+        (at the end of the step; at once for ``prefetch_only``,
+        :meth:`~kvtier.stack.prefetch.Prefetcher.arrive`). Costs the key computation its
+        first lookup would do anyway."""
         req.hints = hints
         if (hints.prefetch_only or self.prefetching()) and not req.unkeyable:
             req.chain.update(tokens)
-            self.prefetch.arrive(req_id, req.chain.keys)
+            self.prefetch.arrive(req_id, req.chain.keys, now=hints.prefetch_only)
 
     def observe(self, req_id: str, keys: Sequence[Key]) -> None:
         """The request's first lookup: every tier's policy observes its chain once, but the
