@@ -140,6 +140,20 @@ class CacheManager:
 
     # -- requests --------------------------------------------------------------------------
 
+    def on_new_request(
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        *,
+        inputs: KeyInputs = NO_INPUTS,
+        hints: Hints = NO_HINTS,
+    ) -> None:
+        """A request arrived (before it is scheduled; vLLM's ``on_new_request``): keep its
+        hints, queue its prefetch (:meth:`kvtier.stack.arrivals.Arrivals.arrive`). Costs
+        nothing without hints and with prefetch off or nothing below the first tier."""
+        if self.arrivals.wants(hints):
+            self.arrivals.arrive(req_id, self.requests.open(req_id, inputs), tokens, hints)
+
     def lookup(
         self,
         req_id: str,
@@ -305,17 +319,3 @@ class CacheManager:
 
     def num_requests(self) -> int:
         return len(self.requests)
-
-    def on_new_request(
-        self,
-        req_id: str,
-        tokens: Sequence[int],
-        *,
-        inputs: KeyInputs = NO_INPUTS,
-        hints: Hints = NO_HINTS,
-    ) -> None:
-        """A request arrived (before it is scheduled; vLLM's ``on_new_request``): keep its
-        hints, start its prefetch (:meth:`kvtier.stack.arrivals.Arrivals.arrive`). Costs
-        nothing without hints and with prefetch off or nothing below the first tier."""
-        if self.arrivals.wants(hints):
-            self.arrivals.arrive(req_id, self.requests.open(req_id, inputs), tokens, hints)
