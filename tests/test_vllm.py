@@ -354,39 +354,34 @@ def _serve(name: str, which: list[int]) -> dict[str, Any]:
     return {"op": "serve", "name": name, "requests": reqs, "max_concurrency": 1}
 
 
-DISK_ONLY = [{"op": "evict", "tier": "cpu"}, {"op": "reset_prefix_cache"}]
-MEASURE_THEN_SYNC = [
+DISK_ONLY = [
     _serve("fill", [0, 1, 2]),
-    *DISK_ONLY,
-    _serve("measure", [0]),  # the disk tier's first load is async: it prices the tier
-    *DISK_ONLY,
-    _serve("sync", [1, 2]),
+    {"op": "evict", "tier": "cpu"},
+    {"op": "reset_prefix_cache"},
+    _serve("disk", [0, 1, 2]),
 ]
 
 
 @pytest.mark.xdist_group("vllm-stacks")
 @pytest.mark.parametrize("faulty", [False, True])
-def test_disk_hits_load_within_the_step_once_the_disk_is_priced(tmp_path, baseline, faulty):
-    """A disk-only prefix loads asynchronously while the disk tier's bandwidth is unknown;
-    once a load priced it, disk hits that fit the step's budget load within the step,
-    straight from the slab into engine blocks: token-identical to vLLM alone. With a
-    quarter of the disk reads failing (which loads fail, and so which are priced and go
-    sync, depends on timing), every failed load is recomputed: outputs still identical.
-    (The mini engine's ``test_a_measured_disk_tier_loads_within_the_step`` fails a sync
-    disk load on purpose.)"""
+def test_disk_hits_load_within_the_step(tmp_path, baseline, faulty):
+    """Disk-only prefixes that fit the step's budget (at the disk's price) load within the
+    step, straight from the slab into engine blocks: token-identical to vLLM alone. With a
+    quarter of the disk reads failing (seeded), the failed sync loads are recomputed:
+    outputs still identical, the engine keeps serving."""
     disk: dict[str, Any] = {"kind": "disk", "path": str(tmp_path / "disk"), "capacity": "1GiB"}
     if faulty:
         disk["faults"] = {"seed": 3, "read_fail_rate": 0.25}
     cfg = {"sync_budget": "1GiB", "tiers": [{"kind": "cpu", "capacity": "256MiB"}, disk]}
-    r = run(tmp_path, cfg, program=MEASURE_THEN_SYNC)
+    r = run(tmp_path, cfg, program=DISK_ONLY)
     want = outputs(baseline)[0]
-    got = outputs(r)
-    assert got[0] == want and got[1] == [want[0]] and got[2] == [want[1], want[2]]
+    assert outputs(r) == [want, want]
+    assert metric(r, "loads", "disk", "async") == 0
+    assert metric(r, "loads", "disk", "sync") >= (1 if faulty else 3)
     if not faulty:
-        assert sources(r, 1) == [{"disk": expected_hit(len(PROMPTS[0]), False)}]
-        assert all(set(s) == {"disk"} for s in sources(r, 2))
-        assert metric(r, "loads", "disk", "async") == 1
-        assert metric(r, "loads", "disk", "sync") == 2
+        # (later prompts share a prefix with earlier ones: the engine's own cache has it)
+        assert sources(r, 1)[0] == {"disk": expected_hit(len(PROMPTS[0]), True)}
+        assert all(set(s) == {"disk"} for s in sources(r, 1))
     assert (metric(r, "failures", "disk", "load") > 0) == faulty
     assert_clean(r)
 
