@@ -10,7 +10,7 @@ from kvtier.config import KVTierConfig
 from kvtier.keys import KeyChain
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
-from mini_engine import MiniEngine
+from tests.support.mini_engine import MiniEngine
 
 CFG = KVTierConfig(chunk_tokens=8, cpu_bytes=1 << 20, sync_budget=SyncBudget("fixed", 1 << 30))
 

@@ -15,9 +15,9 @@ from kvtier.keys import Key, rank_key
 from kvtier.stack.registry import register_tier_kind, tier_kinds
 from kvtier.tiers.memory import MemoryOptions
 from kvtier.tiers.shared import drop_shared_space, shared_space
-from redis_fixtures import cluster, flush, redis_tamper, server  # noqa: F401  (fixtures)
+from tests.support.redis_fixtures import cluster, flush, redis_tamper, server  # noqa: F401  (fixtures)
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "examples" / "template_tier.py"
+TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "template_tier.py"
 
 
 def _register_template() -> str:

@@ -16,7 +16,8 @@ from kvtier.policies.adaptive import AdaptivePolicy
 from kvtier.policies.categories import CATEGORIES, CategoryReuse, category
 from kvtier.policies.eviction import EvictionPolicy, LRUPolicy
 from kvtier.tiers.index import SlotIndex
-from mini_engine import MiniEngine
+from tests.support.chat_traffic import traffic
+from tests.support.mini_engine import MiniEngine
 
 
 class NaiveCategoryReuse:
@@ -99,23 +100,6 @@ def test_a_category_whose_chunks_never_come_back_is_refused():
 
 
 # -- inside the real index -----------------------------------------------------------------
-
-SYSTEM = list(range(32))  # 4 chunks of 8 tokens, shared by everything below
-
-
-def traffic(n_docs: int, n_turns: int) -> list[list[int]]:
-    """Two chat sessions whose turns extend their previous prompt by one chunk, interleaved
-    with one-off documents of 12 chunks behind the same system prompt."""
-    out: list[list[int]] = []
-    sessions = [SYSTEM + [1000 + s] * 8 for s in range(2)]
-    for t in range(max(n_docs, n_turns)):
-        if t < n_docs:
-            out.append(SYSTEM + [5000 + t * 100 + i for i in range(96)])
-        if t < n_turns:
-            for s, prompt in enumerate(sessions):
-                prompt += [2000 + 50 * s + t] * 8
-                out.append(list(prompt))
-    return out
 
 
 def replay(

@@ -26,7 +26,7 @@ from kvtier.tools.bench.workloads import DEFAULT_TRACE
 from kvtier.tools.sim.bounds import lru_pass, next_uses, replay_belady, replay_lru_oracle
 from kvtier.tools.sim.simulator import replay_index
 from kvtier.tools.sim.trace import SIM_SEED, Trace, load_trace
-from mini_engine import MiniEngine
+from tests.support.mini_engine import MiniEngine
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_default_through_the_engine_path_keeps_kv_exact() -> None:
     """The mini engine drives the manager as vLLM does (chunked stores each step, output
     chunks stored at the end) and checks every attended token's KV against the oracle,
     with documents and chat turns that make the leader switch."""
-    from test_categories import traffic
+    from tests.support.chat_traffic import traffic
 
     cfg = KVTierConfig(chunk_tokens=8, sync_budget=SyncBudget("fixed", 1 << 30))
     e = MiniEngine(cfg, num_blocks=128, cpu_chunks=24)

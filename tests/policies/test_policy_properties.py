@@ -19,7 +19,7 @@ from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.index import store_at_once as _store
 from kvtier.tools.sim import load_trace
 from kvtier.tools.sim.generate import parse_shape, write_trace
-from mini_engine import MiniEngine
+from tests.support.mini_engine import MiniEngine
 
 
 def tree(n_chains: int = 6, length: int = 6) -> list[list[Key]]:

@@ -20,8 +20,8 @@ from kvtier.hints import NO_HINTS, Hints
 from kvtier.manager import on_new_request
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
-from mini_engine import MiniEngine
-from redis_fixtures import flush, server  # noqa: F401  (fixtures)
+from tests.support.mini_engine import MiniEngine
+from tests.support.redis_fixtures import flush, server  # noqa: F401  (fixtures)
 
 C = 8  # tokens per chunk
 CFG = KVTierConfig(

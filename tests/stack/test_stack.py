@@ -19,7 +19,7 @@ from kvtier.errors import ConfigError
 from kvtier.keys import KeyChain, Namespace, chunk_keys, rank_key
 from kvtier.sources import HitSource
 from kvtier.tiers.shared import ProbeIndex, SharedSpace, SharedStore, drop_shared_space
-from mini_engine import MiniEngine
+from tests.support.mini_engine import MiniEngine
 
 CHUNK_BYTES = 8 * 32  # 8-token chunks of the mini engine's 32 B/token layout
 FAST = SyncBudget("fixed", 1 << 30)

@@ -204,7 +204,7 @@ def test_bench_two_engines_on_a_users_store(tmp_path):
 
 def test_sim_cli_matches_brute_force_lru(tmp_path):
     from kvtier.tools.sim import load_trace
-    from test_sim import as_requests, brute_force_lru
+    from tests.support.sim_oracles import as_requests, brute_force_lru
 
     out = tmp_path / "sim.json"
     assert (

@@ -24,7 +24,7 @@ from kvtier.tools.cli import main
 from kvtier.tools.purge import target_of
 from kvtier.tools.purge.remote import purge_remote
 from kvtier.tools.redis_server import RedisServer
-from redis_fixtures import flush, server  # noqa: F401  (fixture)
+from tests.support.redis_fixtures import flush, server  # noqa: F401  (fixture)
 
 SLOT = 8192
 N = 6  # chunks per tenant and rank; SCAN_COUNT is forced small below, so several batches
@@ -366,7 +366,7 @@ def test_purge_reaches_a_mutual_tls_server_with_an_acl_user_and_a_password_file(
     from kvtier.config import KVTierConfig
     from kvtier.tiers.remote.kind import client_for, secret_for
     from kvtier.tools.tls_certs import make_certs
-    from test_secrets import ACL_PASSWORD, acl_line
+    from tests.support.remote_stores import ACL_PASSWORD, acl_line
 
     certs = make_certs(tmp_path / "tls")
     pw = tmp_path / "kvtier-redis"

@@ -5,11 +5,7 @@ from kvtier.errors import ConfigError
 from kvtier.jobs import TransferJob
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer import KVRegions, TransferEngine
-
-
-def cpu_layout(num_blocks=20, heads=3, bt=4, hd2=8, layers=3, dtype=torch.bfloat16):
-    """vLLM CPU backend layout: per layer [blocks, kv_heads, block_size, 2*head_dim]."""
-    return [torch.randn(num_blocks, heads, bt, hd2).to(dtype) for _ in range(layers)]
+from tests.support.kv_tensors import block_bytes, cpu_layout
 
 
 def test_regions_from_cpu_layout():
@@ -34,10 +30,6 @@ def test_regions_reject_ambiguous_or_sparse():
     t = torch.zeros(20, 4, 8).transpose(1, 2)
     with pytest.raises(ConfigError, match="not dense"):
         KVRegions.from_tensors([t], num_blocks=20)
-
-
-def block_bytes(kv, b):
-    return torch.cat([t[b].reshape(-1).view(torch.uint8) for t in kv])
 
 
 def test_store_then_load_moves_exact_bytes_across_layouts():

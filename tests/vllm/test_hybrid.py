@@ -36,8 +36,8 @@ from typing import Any
 
 import pytest
 
-from test_models import ENGINE, ENGINE_FOR, outputs, run_specs
-from test_vllm_events import Subscriber, block_hashes, replay
+from tests.support.kv_events import Subscriber, block_hashes, replay
+from tests.support.model_runs import ENGINE, ENGINE_FOR, outputs, run_specs
 
 pytestmark = pytest.mark.vllm
 

@@ -34,11 +34,11 @@ from typing import Any
 
 import pytest
 
-from cut_proxy import CutProxy
 from kvtier.tiers.remote.url import parse_remote_url
 from kvtier.tools.redis_server import RedisServer, redis_available
-from test_models import _BUILD, ENGINE, PROGRAM, _phase, outputs, run_specs
-from test_vllm import corrupt_payloads
+from tests.support.cut_proxy import CutProxy
+from tests.support.model_runs import BUILD, ENGINE, PROGRAM, outputs, phase, run_specs
+from tests.support.slab_files import corrupt_payloads
 
 pytestmark = [
     pytest.mark.vllm,
@@ -66,7 +66,7 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     files are corrupted and the proxy turned on between them)."""
     tmp = tmp_path_factory.mktemp("load-failures")
     subprocess.run(
-        [sys.executable, "-c", _BUILD, str(tmp), *ARCHS],
+        [sys.executable, "-c", BUILD, str(tmp), *ARCHS],
         check=True,
         capture_output=True,
         timeout=600,
@@ -104,7 +104,7 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             proxy.stall_over = 4096  # a chunk's value; a probe's answer is a few bytes
             proxy.stall_seconds = 4 * TIMEOUT_MS / 1e3
             second: dict[str, dict[str, Any]] = {}
-            round2 = [_phase("r2")]
+            round2 = [phase("r2")]
             for arch in ARCHS:
                 run = {"model": str(tmp / arch), "engine": ENGINE, "program": round2}
                 second[f"{arch}/disk"] = run | {

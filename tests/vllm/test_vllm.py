@@ -1,166 +1,45 @@
 """kvtier on a real vLLM engine (CPU backend) with the real SmolLM2 model.
 
 Each engine configuration runs on a fresh engine: one after another in the module's engine
-host process (tests/engine_client.py), or in a process of its own where the test needs one
-(a multiprocess engine, an engine restart). Every workload is run once without any
+host process (tests/support/engine_client.py), or in a process of its own where the test
+needs one (a multiprocess engine, an engine restart); the runner, prompts and program are
+tests/support/vllm_runs.py's. Every workload is run once without any
 connector (the baseline) and the greedy outputs with kvtier must be token-identical,
 whatever the budget, the engine mode or the faults injected.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine_client import EngineHost
+from tests.support.engine_client import EngineHost
+from tests.support.slab_files import corrupt_payloads
+from tests.support.vllm_runs import (
+    BYTES_PER_TOKEN,
+    CHUNK,
+    ENGINE,
+    PROGRAM,
+    PROMPTS,
+    assert_clean,
+    expected_hit,
+    metric,
+    num_cached,
+    outputs,
+    phase,
+    phases,
+    run,
+    sources,
+    use_host,
+)
 
 pytestmark = pytest.mark.vllm
-
-CHUNK = 32  # default chunk size: the engine block size (vLLM CPU needs multiples of 32)
-BYTES_PER_TOKEN = 46_080  # 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes
-
-
-def prompts() -> tuple[list[list[int]], list[list[int]]]:
-    """Chat prompts over deterministic documents, as token ids (exact lengths matter)."""
-    from transformers import AutoTokenizer
-
-    from kvtier.tools.bench.text import SYSTEM, document, question
-    from kvtier.tools.models import smollm2_path
-
-    tok = AutoTokenizer.from_pretrained(smollm2_path())
-
-    def chat(doc: str, q: str) -> list[int]:
-        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{doc}\n\n{q}"}]
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return list(tok.encode(text, add_special_tokens=False))
-
-    doc = document(1, 28)
-    out = [chat(doc, question(1)), chat(doc + " " + document(2, 6), question(2))]
-    whole = chat(document(3, 60), question(3))
-    out.append(whole[: 6 * CHUNK - 8] + whole[-8:])  # exactly 6 chunks, ends like a prompt
-    turns = [
-        list(
-            tok.encode(
-                f"<|im_end|>\n<|im_start|>user\n{question(10 + i)}<|im_end|>\n"
-                "<|im_start|>assistant\n",
-                add_special_tokens=False,
-            )
-        )
-        for i in range(3)
-    ]
-    return out, turns
-
-
-PROMPTS, TURNS = prompts()
-# fp32 so that greedy tokens do not flip on rounding when the batch shapes differ.
-# Chunked prefill: long prompts span several steps.
-ENGINE = {"dtype": "float32", "max_num_batched_tokens": 384, "max_model_len": 4096}
-
-
-def phase(name: str, max_tokens: int, extend: str | None = None) -> dict[str, Any]:
-    reqs = []
-    for i, p in enumerate(PROMPTS):
-        r: dict[str, Any] = {"id": f"{name}-{i}", "prompt": p, "max_tokens": max_tokens}
-        if extend:
-            r.update(prompt=TURNS[i], extend=f"{extend}-{i}")
-        reqs.append(r)
-    return {"op": "serve", "name": name, "requests": reqs}
-
-
-PROGRAM = [
-    phase("p1", 12),
-    {"op": "reset_prefix_cache"},
-    phase("p2", 24),
-    {"op": "reset_prefix_cache"},
-    # Multi-turn: the previous prompt + its answer + a new question.
-    phase("p3", 12, extend="p2"),
-]
-_RESULTS: dict[str, dict[str, Any]] = {}
-_HOST: list[EngineHost] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _use_engine_host(engine_host: EngineHost) -> None:
-    _HOST[:] = [engine_host]
-
-
-def run(
-    tmp_path: Path, connector: dict[str, Any] | None, fresh: bool = False, **extra: Any
-) -> dict[str, Any]:
-    """Run the program on a fresh engine (memoized per configuration): in the engine host,
-    or with ``fresh`` (or a multiprocess engine) in a subprocess of its own."""
-    spec = {
-        "connector": connector,
-        "engine": ENGINE,
-        "program": PROGRAM,
-        "inspect": connector is not None,
-        **extra,
-    }
-    note = spec.pop("note", None)  # tells apart runs of equal specs (e.g. a restart)
-    key = json.dumps([spec, note], sort_keys=True)
-    if key in _RESULTS:
-        return _RESULTS[key]
-    if not (fresh or spec.get("multiprocess")):
-        _RESULTS[key] = _HOST[0].run(spec)
-        return _RESULTS[key]
-    spec_path = tmp_path / f"spec-{len(_RESULTS)}.json"
-    out_path = spec_path.with_suffix(".out.json")
-    spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    _RESULTS[key] = json.loads(out_path.read_text())
-    return _RESULTS[key]
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory, engine_host: EngineHost) -> dict[str, Any]:
-    _HOST[:] = [engine_host]  # for modules that import this fixture and run()
-    return run(tmp_path_factory.mktemp("baseline"), None)
-
-
-def phases(result: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    return [op["requests"] for op in result["ops"]]
-
-
-def outputs(result: dict[str, Any]) -> list[list[list[int]]]:
-    return [[r["output"] for r in p] for p in phases(result)]
-
-
-def num_cached(result: dict[str, Any], i: int) -> list[int]:
-    return [r["num_cached"] for r in phases(result)[i]]
-
-
-def sources(result: dict[str, Any], i: int) -> list[dict[str, int]]:
-    """Per request of a phase, the hit tokens by source kvtier recorded for it."""
-    return [r.get("hit_sources", {}) for r in phases(result)[i]]
-
-
-def metric(result: dict[str, Any], name: str, *labels: str) -> float:
-    for key, value in result["kvtier"]["metrics"]["values"].get(name, []):
-        if tuple(key) == labels:
-            return float(value)
-    return 0.0
-
-
-def assert_clean(result: dict[str, Any]) -> None:
-    c = result["kvtier"]
-    assert not c["pending_jobs"] and c["requests"] == 0 and c["pins"] == 0
-    assert c["worker_inflight"] == 0
-
-
-def expected_hit(prompt_len: int, sync: bool) -> int:
-    hit = prompt_len // CHUNK * CHUNK
-    return hit - 1 if sync and hit == prompt_len else hit
+    use_host(engine_host)
 
 
 @pytest.mark.xdist_group("vllm-hits")
@@ -294,27 +173,6 @@ def test_multiprocess_engine_by_registered_name(tmp_path, baseline):
     assert [
         n >= expected_hit(len(p), True) for n, p in zip(num_cached(r, 1), PROMPTS, strict=True)
     ] == [True] * 3
-
-
-def corrupt_payloads(disk_dir: Path) -> int:
-    """Flip one byte in the payload of every slot written (headers stay valid)."""
-    from kvtier.tiers.disk.format import read_superblock, slab_file_name
-
-    flipped = 0
-    for rank_dir in disk_dir.iterdir():
-        geo = read_superblock(rank_dir)
-        assert geo is not None
-        for f in sorted(rank_dir.glob("slab-*.kvt")):
-            fi = int(f.stem.split("-")[1])
-            assert f.name == slab_file_name(fi)
-            data = bytearray(f.read_bytes())
-            for j in range(geo.slots_per_file):
-                off = geo.payload_offset(fi * geo.slots_per_file + j) + 100
-                if off < len(data) and any(data[off - 100 : off - 36]):
-                    data[off] ^= 0xFF
-                    flipped += 1
-            f.write_bytes(bytes(data))
-    return flipped
 
 
 @pytest.mark.xdist_group("vllm-stacks")

@@ -1,28 +1,26 @@
 """kvtier's tier events on real vLLM engines: what a KV-aware router would see.
 
-Two engines run one after the other (each in its own subprocess, tests/test_vllm.py's
-runner), publishing vLLM's KV events over ZMQ to one subscriber this test binds (vLLM
-connects out to a ``tcp://127.0.0.1:PORT`` endpoint). Batches are decoded with msgspec and
-vLLM's own event classes. The oracle is independent of kvtier's event code: vLLM's hash
+Two engines run one after the other (each in its own subprocess, the runner of
+tests/vllm/test_vllm.py), publishing vLLM's KV events over ZMQ to one subscriber this test
+binds (vLLM connects out to a ``tcp://127.0.0.1:PORT`` endpoint). Batches are decoded with
+msgspec and vLLM's own event classes. The oracle is independent of kvtier's event code: vLLM's hash
 function over the known token sequences gives each block's hash, kvtier's key function each
 chunk's key, and the engine reports which chunk keys each tier's index holds at the end.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.kv_events import BLOCK, Subscriber, block_hashes, replay
+from tests.support.vllm_runs import run_in_process
+
 pytestmark = pytest.mark.vllm
 
-BLOCK = 32  # the runner's engine block size
 CHUNK = 64  # two engine blocks per kvtier chunk: the block <-> chunk mapping is exercised
 BYTES_PER_CHUNK = CHUNK * 46_080  # SmolLM2 in fp32
 ENGINE = {"dtype": "float32", "max_num_batched_tokens": 384, "max_model_len": 4096}
@@ -49,50 +47,6 @@ def serve(name: str, prompts: list[list[int]], max_tokens: int = 6) -> dict[str,
     return {"op": "serve", "name": name, "requests": reqs, "max_concurrency": 1}
 
 
-class Subscriber:
-    """A SUB socket bound where the engines connect, collecting every message."""
-
-    def __init__(self) -> None:
-        import zmq
-
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.setsockopt(zmq.RCVTIMEO, 200)
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.messages: list[tuple[bytes, int, bytes]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import zmq
-
-        while not self._stop.is_set():
-            try:
-                topic, seq, payload = self.sock.recv_multipart()
-            except zmq.Again:
-                continue
-            self.messages.append((topic, int.from_bytes(seq, "big"), payload))
-
-    def batches(self, topic: bytes) -> list[Any]:
-        """The decoded batches of one topic, checked gap-free from sequence 0."""
-        import msgspec
-        from vllm.distributed.kv_events import KVEventBatch
-
-        decoder = msgspec.msgpack.Decoder(KVEventBatch)
-        mine = [(seq, payload) for t, seq, payload in self.messages if t == topic]
-        assert [seq for seq, _ in mine] == list(range(len(mine))), "a batch was lost"
-        return [decoder.decode(payload) for _, payload in mine]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close(linger=0)
-        self.ctx.term()
-
-
 def run_engine(tmp: Path, name: str, endpoint: str, program: list[Any]) -> dict[str, Any]:
     spec = {
         "connector": {
@@ -113,18 +67,7 @@ def run_engine(tmp: Path, name: str, endpoint: str, program: list[Any]) -> dict[
             "topic": f"kv@{name}@smollm2",
         },
     }
-    spec_path = tmp / f"spec-{name}.json"
-    out_path = tmp / f"out-{name}.json"
-    spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.vllm.harness.runner", str(spec_path), str(out_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out: dict[str, Any] = json.loads(out_path.read_text())
-    return out
+    return run_in_process(spec, tmp / f"spec-{name}.json")
 
 
 PROGRAM_B = [serve("b1", PB), {"op": "reset_prefix_cache"}, serve("b2", [PB[0]])]
@@ -159,21 +102,6 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 # -- the oracle: vLLM's block hashes and kvtier's chunk keys of every known sequence --------
 
 
-def block_hashes(tokens: list[int], block: int = BLOCK) -> list[int]:
-    """vLLM's hashes (as its events carry them) of every full ``block``-token block of
-    ``tokens``."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core import kv_cache_utils as kcu
-
-    fn = get_hash_fn_by_name("sha256")  # vLLM's default prefix_caching_hash_algo
-    kcu.init_none_hash(fn)
-    out, parent = [], None
-    for i in range(len(tokens) // block):
-        parent = kcu.hash_block_tokens(fn, parent, tokens[i * block : (i + 1) * block])
-        out.append(kcu.maybe_convert_block_hash(parent))
-    return out
-
-
 def sequences(out: dict[str, Any], prompts: dict[str, list[int]]) -> list[list[int]]:
     """Every token sequence the engine saw: prompt + output of each request."""
     return [prompts[r["id"]] + r["output"] for op in out["ops"] for r in op["requests"]]
@@ -199,32 +127,6 @@ def prompt_map(out: dict[str, Any], by_phase: dict[str, list[list[int]]]) -> dic
     return {
         r["id"]: by_phase[op["name"]][i] for op in out["ops"] for i, r in enumerate(op["requests"])
     }
-
-
-def replay(batches: list[Any], strict: bool = True) -> dict[str, set[int]]:
-    """Per medium, the block hashes the events say are held (AllBlocksCleared: the engine's
-    own cache). ``strict``: a kvtier medium never announces a held block again, nor
-    removes one it did not announce."""
-    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
-    state: dict[str, set[int]] = {"GPU": set(), "CPU": set(), "STORAGE": set()}
-    for batch in batches:
-        for ev in batch.events:
-            if isinstance(ev, AllBlocksCleared):
-                state["GPU"].clear()
-                continue
-            medium = ev.medium or "GPU"
-            assert medium in state, medium
-            held = state[medium]
-            for h in ev.block_hashes:
-                if isinstance(ev, BlockStored):
-                    assert not (strict and medium != "GPU" and h in held), (medium, h)
-                    held.add(h)
-                else:
-                    assert isinstance(ev, BlockRemoved)
-                    assert not (strict and medium != "GPU" and h not in held), (medium, h)
-                    held.discard(h)
-    return state
 
 
 def kvtier_events(batches: list[Any]) -> list[Any]:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_vllm import (  # the same engine, prompts, runner and baseline as test_vllm
+from tests.support.vllm_runs import (  # the same engine, prompts and runner as test_vllm
     assert_clean,
-    baseline,  # noqa: F401  (fixture)
     metric,
     num_cached,
     outputs,
@@ -24,7 +23,7 @@ CPU = {"cpu_bytes": "512MiB", "sync_budget": "1GiB"}
 
 
 @pytest.mark.xdist_group("vllm-hits")
-def test_layer_wise_sync_hits_are_exact(tmp_path, baseline):  # noqa: F811
+def test_layer_wise_sync_hits_are_exact(tmp_path, baseline):
     whole = run(tmp_path, {**CPU, "layer_loads": "off"})
     r = run(tmp_path, {**CPU, "layer_loads": "on"})
     assert outputs(r) == outputs(baseline) == outputs(whole)
@@ -36,7 +35,7 @@ def test_layer_wise_sync_hits_are_exact(tmp_path, baseline):  # noqa: F811
 
 
 @pytest.mark.xdist_group("vllm-hits")
-def test_a_slow_layer_is_never_read_early(tmp_path, baseline):  # noqa: F811
+def test_a_slow_layer_is_never_read_early(tmp_path, baseline):
     # Region 0 is layer 0's K. Each of its row loads first fills the destination rows with
     # garbage, sleeps, then copies: an attention that did not wait for layer 0 would read
     # the garbage, and the outputs would differ from the baseline.
@@ -49,7 +48,7 @@ def test_a_slow_layer_is_never_read_early(tmp_path, baseline):  # noqa: F811
 
 
 @pytest.mark.xdist_group("vllm-hits")
-def test_layer_wise_loads_that_fail_recompute(tmp_path, baseline):  # noqa: F811
+def test_layer_wise_loads_that_fail_recompute(tmp_path, baseline):
     faults = {"rows": True, "fail_all_reads": True}
     r = run(tmp_path, {**CPU, "layer_loads": "on", "fault_injection": faults})
     assert outputs(r) == outputs(baseline)

@@ -80,7 +80,7 @@ def _program(image_token: int) -> list[dict[str, Any]]:
 
 def test_images_key_chunks_on_a_real_engine(vision_stack, tmp_path: Path):
     from kvtier.tools.tiny_models import VISION_TOKENS
-    from test_models import outputs, run_specs
+    from tests.support.model_runs import outputs, run_specs
 
     model = tmp_path / "idefics3"
     build = (
@@ -133,7 +133,7 @@ def test_a_client_uuid_cannot_bind_other_pixels_across_engines(vision_stack, tmp
     ``mm_keys: identifier`` the same program serves A's KV for B (the hit runs past the
     image and the output differs), which shows the test can see the attack."""
     from kvtier.tools.tiny_models import VISION_TOKENS
-    from test_models import outputs, run_specs
+    from tests.support.model_runs import outputs, run_specs
 
     model = tmp_path / "idefics3"
     build = (

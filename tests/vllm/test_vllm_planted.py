@@ -19,7 +19,15 @@ import pytest
 import redis
 
 from kvtier.tools.redis_server import RedisServer
-from test_vllm import PROMPTS, assert_clean, baseline, metric, outputs, phase, run, sources  # noqa: F401
+from tests.support.vllm_runs import (
+    PROMPTS,
+    assert_clean,
+    metric,
+    outputs,
+    phase,
+    run,
+    sources,
+)
 
 # Four engine runs (baseline, A, B, C): about 3 minutes on a quiet 2-core machine, 12 on
 # a loaded one, so outside the default suite (make test-all runs it).
@@ -29,7 +37,7 @@ MiB = 1 << 20
 RESCHEDULED = re.compile(r"Recovered from KV load failure: (\d+) request\(s\) rescheduled")
 
 
-def test_huge_and_list_values_planted_between_two_engines(tmp_path, baseline, engine_host):  # noqa: F811
+def test_huge_and_list_values_planted_between_two_engines(tmp_path, baseline, engine_host):
     secret = tmp_path / "secret"
     secret.write_text("0123456789abcdef" * 4 + "\n")
     secret.chmod(0o600)

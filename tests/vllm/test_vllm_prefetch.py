@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from engine_client import EngineHost
-from test_vllm import ENGINE, PROMPTS, expected_hit, metric
+from tests.support.engine_client import EngineHost
+from tests.support.vllm_runs import ENGINE, PROMPTS, expected_hit, metric
 
 pytestmark = pytest.mark.vllm
 

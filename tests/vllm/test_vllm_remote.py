@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 
 from kvtier.tools.redis_server import RedisServer
-from test_vllm import (  # the same engine, prompts, runner and baseline as test_vllm
+from tests.support.vllm_runs import (  # the same engine, prompts and runner as test_vllm
     CHUNK,
     PROMPTS,
     assert_clean,
-    baseline,  # noqa: F401  (fixture)
     expected_hit,
     metric,
     outputs,
@@ -28,7 +27,7 @@ from test_vllm import (  # the same engine, prompts, runner and baseline as test
 pytestmark = pytest.mark.vllm
 
 
-def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa: F811
+def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):
     with RedisServer() as server:
         cfg = {
             "sync_budget": "1GiB",
@@ -62,7 +61,7 @@ def test_second_engine_loads_what_the_first_stored(tmp_path, baseline):  # noqa:
 
 
 @pytest.mark.slow  # two more engine runs (minutes here); the mini engine covers this path
-def test_encrypted_tier_never_loads_forged_values(tmp_path, baseline):  # noqa: F811
+def test_encrypted_tier_never_loads_forged_values(tmp_path, baseline):
     """An AES-GCM tier (``secret_file``, ``encrypt``) between two real engines: A stores;
     half of what it stored is then overwritten by someone without the secret; B's outputs
     are still token-identical to an engine without kvtier, it loads the honest half from

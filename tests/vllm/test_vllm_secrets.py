@@ -22,7 +22,7 @@ import redis
 
 from kvtier.tiers.remote import keyspace
 from kvtier.tools.redis_server import RedisServer
-from test_vllm import ENGINE, PROMPTS
+from tests.support.vllm_runs import ENGINE, PROMPTS
 
 pytestmark = pytest.mark.vllm
 

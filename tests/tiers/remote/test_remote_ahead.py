@@ -18,7 +18,7 @@ import torch
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.ahead import SealAhead
 from kvtier.tiers.remote.auth import ValueAuth
-from redis_fixtures import CHUNK_BYTES, NAMESPACE, chain, payload, server  # noqa: F401
+from tests.support.redis_fixtures import CHUNK_BYTES, NAMESPACE, chain, payload, server  # noqa: F401
 
 VALUE = 4096
 PIECE = 1024

@@ -18,13 +18,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cut_proxy import CutProxy
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.tiers.envelope import HEADER_BYTES, unwrap
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteStore, parse_remote_url
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.remote.streams import JOIN_BELOW, PART_BYTES
-from redis_fixtures import flush, server  # noqa: F401  (fixture)
+from tests.support.cut_proxy import CutProxy
+from tests.support.redis_fixtures import flush, server  # noqa: F401  (fixture)
 
 NS = Namespace("atomic-test", "layout")
 SLOT = PART_BYTES + 40_000  # two parts and an envelope per value

@@ -4,7 +4,6 @@ manager, worker and transfer engine, KV checked against an oracle)."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import pytest
@@ -20,12 +19,11 @@ from kvtier.jobs import WorkerReport
 from kvtier.keys import GROUP_CHUNKS, KEY_BYTES, TAG_BYTES, Namespace
 from kvtier.metrics import Metrics, PrometheusExporter
 from kvtier.tiers.envelope import HEADER_BYTES, pack_envelope, parse_envelope, unwrap, wrap
-from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
-from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, ValueAuth, subkey
+from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, parse_remote_url
+from kvtier.tiers.remote.auth import MAC_BYTES, SALT_BYTES, subkey
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tiers.remote.keyspace import PREFIX, is_chunk_name, purge_pattern
-from mini_engine import MiniEngine
-from redis_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.redis_fixtures import (  # noqa: F401  (fixtures)
     CHUNK_BYTES,
     NAMESPACE,
     chain,
@@ -37,28 +35,13 @@ from redis_fixtures import (  # noqa: F401  (fixtures)
     segs,
     server,
 )
-from test_remote_engine import CHUNK, assert_clean, drive, remote_tokens, workload
-
-SECRET_A = hashlib.sha256(b"tenant A").hexdigest().encode()
-SECRET_B = hashlib.sha256(b"tenant B").hexdigest().encode()
-MODES = ["mac", "aead"]
-
-
-def make_store(url: str, mode: str, secret: bytes | None, digest: bytes | None = None, rank=0):
-    """A store as the redis kind builds one: ``mode`` "off" (no secret), "mac", "aead"."""
-    digest = NAMESPACE.for_rank(rank).digest() if digest is None else digest
-    encrypt = mode == "aead"
-    use = secret if mode != "off" else None
-    auth = ValueAuth(use, encrypt, digest, CHUNK_BYTES) if use else None
-    client = RemoteClient(parse_remote_url(url), timeout_s=5)
-    return RemoteStore(
-        client, KeySpace(NAMESPACE, use, encrypt), CHUNK_BYTES, digest, rank, auth=auth
-    )
-
-
-def read(store: RemoteStore, keys) -> tuple[list[bool], torch.Tensor]:
-    out = torch.zeros(len(keys), CHUNK_BYTES, dtype=torch.uint8)
-    return store.read([-1] * len(keys), keys, segs(out)), out
+from tests.support.remote_engines import (
+    engine_config,
+    remote_tokens,
+    serve,
+    workload,
+)
+from tests.support.remote_stores import MODES, SECRET_A, SECRET_B, make_store, read, secrets  # noqa: F401  (fixture)
 
 
 def forged(raw_value: bytes, mode: str) -> bytes:
@@ -190,40 +173,6 @@ def test_garbage_value_healed(server, mode):  # noqa: F811
 
 
 # -- engines (the mini engine: real manager, worker, transfer engine; KV against an oracle) --
-
-
-def engine_config(url: str, mode: str, secret_file: str | None) -> KVTierConfig:
-    redis_tier: dict = {"kind": "redis", "url": url, "timeout_ms": 500}
-    if mode != "off":
-        redis_tier["secret_file"] = secret_file
-        redis_tier["encrypt"] = mode == "aead"
-    return KVTierConfig.from_dict(
-        {
-            "chunk_tokens": CHUNK,
-            "sync_budget": "1GiB",
-            "tiers": [{"kind": "cpu", "capacity": 16 * 256}, redis_tier],
-        }
-    )
-
-
-def serve(cfg: KVTierConfig, prompts, name: str) -> MiniEngine:
-    e = MiniEngine(cfg, cpu_chunks=16)
-    for i, p in enumerate(prompts):
-        e.add(f"{name}{i}", p)
-    drive(e)
-    assert_clean(e)  # no token ever attended over wrong KV
-    return e
-
-
-@pytest.fixture
-def secrets(tmp_path):
-    paths = {}
-    for tag, value in (("a", SECRET_A), ("b", SECRET_B)):
-        p = tmp_path / f"secret-{tag}"
-        p.write_bytes(value + b"\n")
-        p.chmod(0o600)
-        paths[tag] = str(p)
-    return paths
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -19,12 +19,10 @@ from hypothesis import strategies as st
 
 from kvtier.config import KVTierConfig
 from kvtier.keys import Namespace
-from kvtier.sources import HitSource
 from kvtier.tools.redis_server import RedisCluster, RedisServer
-from mini_engine import MiniEngine
-from redis_fixtures import flush, raw_client, server  # noqa: F401  (fixtures)
-
-CHUNK = 8
+from tests.support.mini_engine import MiniEngine
+from tests.support.redis_fixtures import flush, raw_client, server  # noqa: F401  (fixtures)
+from tests.support.remote_engines import CHUNK, assert_clean, drive, remote_tokens, workload
 
 
 def config(url: str, timeout_ms: float = 200) -> KVTierConfig:
@@ -38,39 +36,6 @@ def config(url: str, timeout_ms: float = 200) -> KVTierConfig:
             ],
         }
     )
-
-
-def workload(seed: int, n: int = 6) -> list[list[int]]:
-    rng = random.Random(seed)
-    system = [rng.randrange(1000) for _ in range(3 * CHUNK)]
-    return [
-        system + [rng.randrange(1000) for _ in range(rng.randrange(1, 4 * CHUNK))] for _ in range(n)
-    ]
-
-
-def drive(e: MiniEngine, hook: Callable[[int], None] | None = None, max_steps: int = 3000) -> None:
-    """MiniEngine.run with ``hook(step)`` called before each step."""
-    import time
-
-    while (e.waiting or e.held or e.manager.has_pending_jobs()) and max_steps:
-        if hook is not None:
-            hook(e.steps)
-        e.step()
-        time.sleep(0.0005)
-        max_steps -= 1
-    assert max_steps, "the engine did not drain"
-
-
-def assert_clean(e: MiniEngine) -> None:
-    assert e.wrong == 0
-    m = e.manager
-    assert not m.has_pending_jobs() and m.num_requests() == 0
-    assert sum(x.pins for x in m.stack[0].index.entries.values()) == 0
-    assert not e.worker.engine.pending()
-
-
-def remote_tokens(e: MiniEngine) -> int:
-    return sum(r.sources.get(HitSource.P2P, 0) for r in e.reqs.values())
 
 
 def serve(

@@ -16,9 +16,8 @@ import redis
 import torch
 
 from kvtier.tools.redis_server import RedisServer
-from redis_fixtures import CHUNK_BYTES, chain, flush, payload, segs, server  # noqa: F401  (fixture)
-from test_remote_auth import MODES, SECRET_A, make_store, read
-from test_secrets import ACL_PASSWORD, acl_line
+from tests.support.redis_fixtures import CHUNK_BYTES, chain, flush, payload, segs, server  # noqa: F401  (fixture)
+from tests.support.remote_stores import ACL_PASSWORD, MODES, SECRET_A, acl_line, make_store, read
 
 MiB = 1 << 20
 

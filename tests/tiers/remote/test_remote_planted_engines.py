@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier.tiers.remote.keyspace import PREFIX
-from mini_engine import MiniEngine
-from redis_fixtures import flush, server  # noqa: F401  (fixture)
-from test_remote_auth import engine_config, secrets, serve  # noqa: F401  (fixture)
-from test_remote_engine import assert_clean, remote_tokens, workload
+from tests.support.mini_engine import MiniEngine
+from tests.support.redis_fixtures import flush, server  # noqa: F401  (fixture)
+from tests.support.remote_engines import assert_clean, engine_config, remote_tokens, serve, workload
+from tests.support.remote_stores import secrets  # noqa: F401  (fixture)
 
 MiB = 1 << 20
 KINDS = ("huge", "random-size", "exact-length", "other-chunk", "empty", "list", "hash", "set")

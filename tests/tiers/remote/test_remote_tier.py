@@ -22,7 +22,7 @@ from kvtier.tiers.remote import client as client_module
 from kvtier.tiers.remote import plain as plain_module
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tools.redis_server import RedisCluster, RedisServer
-from redis_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.redis_fixtures import (  # noqa: F401  (fixtures)
     CHUNK_BYTES,
     NAMESPACE,
     chain,

@@ -18,7 +18,7 @@ from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.tools.redis_server import RedisCluster, RedisServer
 from kvtier.tools.tls_certs import TLSCerts, make_certs, openssl_available
-from redis_fixtures import tier_roundtrip
+from tests.support.redis_fixtures import tier_roundtrip
 
 if not openssl_available():  # Debian's openssl package; scripts/setup.sh installs it
     raise RuntimeError("the openssl CLI is not installed")

@@ -25,9 +25,9 @@ from kvtier.tiers.memory import MemoryOptions
 from kvtier.tiers.remote import keyspace, parse_remote_url
 from kvtier.tiers.remote.kind import client_for
 from kvtier.tools.redis_server import RedisCluster, RedisServer
-from redis_fixtures import tier_roundtrip
+from tests.support.redis_fixtures import tier_roundtrip
+from tests.support.remote_stores import ACL_PASSWORD, SECRET, acl_line
 
-SECRET = "Sw0rdf1sh-c0rrect-h0rse"
 MISS = ([False, False, False], 0)
 ALL = ([True, True, True], 3)
 
@@ -247,18 +247,6 @@ def test_a_secret_file_others_can_read_or_change_is_refused(tmp_path, option, ho
 
 
 # -- least privilege -----------------------------------------------------------------------
-
-ACL_PASSWORD = "acl-" + SECRET
-
-
-def acl_line(user: str = "kvtier") -> str:
-    """The grant docs/security.md shows (minus +client|setinfo, which 7.0 lacks)."""
-    prefix = keyspace.PREFIX.decode()
-    return (
-        f"user {user} on >{ACL_PASSWORD} resetkeys ~{prefix}* resetchannels -@all +getrange +set "
-        "+exists +unlink +del +scan +ping +evalsha +eval +script|load +command "
-        "+cluster|slots +cluster|shards +readonly"
-    )
 
 
 def _acl_url(url: str) -> str:
