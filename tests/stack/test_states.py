@@ -1,7 +1,7 @@
 """The recurrent-state path's scheduler side (:mod:`kvtier.stack.states`) and copies
 (:mod:`kvtier.transfer.states`) without an engine: which boundary a hit ends at, what an
 offer stores, that a state leaves with its attention chunk, and that the bytes of every
-recurrent layer come back exactly (the engine-level checks are tests/test_hybrid.py)."""
+recurrent layer come back exactly (the engine-level checks are tests/vllm/test_hybrid.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``kvtier bench``'s statistics of repeated runs and of requests without a kvtier hit.
 
-The engine runs are covered end to end in tests/test_cli.py; here the arithmetic on the
+The engine runs are covered end to end in tests/tools/test_cli.py; here the arithmetic on the
 runner's per-request records, against direct computations (hypothesis varies them).
 """
 

@@ -336,7 +336,7 @@ def test_replayed_state_events_equal_the_state_tier(runs):
         mine = [ev for ev in state if ev.group_idx == g]
         got = replay([type("Batch", (), {"events": mine})()])["CPU"]
         assert got == held, g
-    # The attention blocks held (as tests/test_vllm_events.py checks for dense models).
+    # The attention blocks held (as tests/vllm/test_vllm_events.py checks for dense models).
     attn_held = replay([type("Batch", (), {"events": attn})()])["CPU"]
     assert len(attn_held) == len(kv["kvtier"]["tier_keys"]["cpu"])
     removed = {h for ev in state if isinstance(ev, BlockRemoved) for h in ev.block_hashes}

@@ -22,7 +22,7 @@ connector, with real faults:
 
 Every output must equal the no-connector engine's, the engine must keep serving (no
 ``RuntimeError`` from the scheduler), and the failures must show in kvtier's metrics.
-The program of every engine is that of ``tests/test_models.py`` (four prompts, outputs
+The program of every engine is that of ``tests/vllm/test_models.py`` (four prompts, outputs
 that depend on the whole prompt, checked on the baseline).
 """
 

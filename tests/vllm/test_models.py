@@ -12,7 +12,7 @@ comparison would pass with wrong KV.
 
 Hybrid recurrent-state models (Mamba / linear attention next to attention): Qwen3-Next
 (prefix caching on, vLLM's Mamba "align" mode) gets its recurrent states stored and its
-round 2 served from kvtier like the rest (tests/test_hybrid.py checks the exact
+round 2 served from kvtier like the rest (tests/vllm/test_hybrid.py checks the exact
 boundaries); the Mamba2 hybrids, which run on this backend only with prefix caching off
 (Mamba cache mode "none": no boundary states), start with offload off: kvtier must
 neither claim a hit nor store a chunk for them, every request counts as unkeyable
@@ -24,7 +24,7 @@ full groups with vLLM's hybrid KV-cache manager on), gpt-oss (sliding window wit
 attention sinks), Qwen3-Next (gated delta net, prefix caching on: vLLM's Mamba "align"
 mode) and the refusals on this backend of MLA and of gpt-oss with HMA off (for which vLLM
 alone gives wrong, run-to-run different tokens). Dense attention is covered by
-tests/test_vllm.py with SmolLM2; the rest of the matrix (dense layouts, Granite 4.0-H and
+tests/vllm/test_vllm.py with SmolLM2; the rest of the matrix (dense layouts, Granite 4.0-H and
 Falcon-H1 with prefix caching off) is ``slow``. Tensor parallel 2 has its own pair of
 engines (two worker processes each).
 """

@@ -4,7 +4,7 @@ Multimodal and prompt-embeds requests are vLLM's own ``Request`` objects carryin
 ``MultiModalFeatureSpec`` / ``PlaceholderRange`` / ``prompt_embeds``, handed to a real
 scheduler-side ``KVTierConnector`` (real config, real tier stack): every input kind and
 position can be set exactly, with no model that takes it (most of vLLM's vision models
-need torchvision, which vLLM's CPU build here lacks; tests/test_vllm_mm.py runs one that
+need torchvision, which vLLM's CPU build here lacks; tests/vllm/test_vllm_mm.py runs one that
 does not on a real engine). A request's chunks are made present by committing its keys
 into the CPU tier's index (what a finished store does), so each check is "does another
 request hit them": the oracle is which inputs are equal.

@@ -1,6 +1,6 @@
 """Multimodal chunk keys on a real engine: a tiny vision-language model, two images.
 
-tests/test_vllm_keys.py checks the keys of multimodal requests through the connector's
+tests/vllm/test_vllm_keys.py checks the keys of multimodal requests through the connector's
 scheduler side with vLLM's own ``Request`` objects; this test checks the same end to end,
 on a real vLLM engine that runs a vision encoder. The model is a tiny Idefics3 (SmolVLM's
 architecture) written by :func:`kvtier.tools.tiny_models.build_vision` from its
@@ -89,7 +89,7 @@ def test_images_key_chunks_on_a_real_engine(vision_stack, tmp_path: Path):
     subprocess.run([sys.executable, "-c", build, str(model)], check=True, timeout=600)
     image_token = json.loads((model / "config.json").read_text())["image_token_id"]
     run = {"model": str(model), "engine": ENGINE, "program": _program(image_token)}
-    # Both engines in one subprocess (tests/test_models.py's harness).
+    # Both engines in one subprocess (tests/vllm/test_models.py's harness).
     results = run_specs(
         tmp_path, {"base": run | {"connector": None}, "kvtier": run | {"connector": CONNECTOR}}
     )
