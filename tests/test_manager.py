@@ -227,7 +227,7 @@ def test_write_back_demotes_only_what_the_cpu_tier_evicts(tmp_path):
                 plan_stores = e.manager.movement.pending  # write-through only: stays empty
                 assert not plan_stores
                 e.step()
-                waited += [j for j in e.worker._inflight.values() if j.after]
+                waited += [x.job for x in e.manager.jobs if x.job.after]
             e.run()
         assert waited, "no store waited for a demotion of the slots it reuses"
         for i in (0, 1, 2):

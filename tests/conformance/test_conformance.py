@@ -55,8 +55,7 @@ def memory_tamper(tier: BuiltTier) -> Tamper:
     space = shared_space(opts.url, 0)
 
     def drop(key: Key, rank: int) -> None:
-        with space._lock:
-            space._data.pop(rank_key(key, rank), None)
+        space.drop(rank_key(key, rank))
 
     return Tamper(
         lambda k, r: space.get_many([rank_key(k, r)])[0],

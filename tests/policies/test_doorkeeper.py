@@ -49,8 +49,8 @@ def test_history_is_bounded_by_generations():
     assert door.limit == 4
     for i in range(50):
         door.observe(chain(100 + i, 1, 2), 0)
-    sizes = (len(door._seen), len(door._seen_old), len(door._first), len(door._first_old))
-    assert all(n <= door.limit + 3 for n in sizes)  # a generation overflows by one request
+    # A generation overflows by one request before it becomes the older one.
+    assert all(n <= door.limit + 3 for n in door.remembered())
     # Forgotten long ago: a first sighting again.
     old = chain(100, 1, 2)
     door.observe(old, 0)
@@ -61,7 +61,8 @@ def test_sampled_doorkeeper_remembers_a_share_of_the_keys():
     door = Doorkeeper(1000, stride=8)
     keys = chain(*range(4000))
     door.observe(keys, 0)
-    remembered = len(door._seen) + len(door._seen_old)
+    seen, seen_old, _, _ = door.remembered()
+    remembered = seen + seen_old
     assert 300 < remembered < 700  # about one in 8
     assert door.admitted(keys) < 40  # refused from (about) its first sampled key
     door.observe(keys, 0)

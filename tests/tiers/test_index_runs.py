@@ -93,7 +93,8 @@ def test_a_chunked_prefill_touches_its_ancestors_once():
     (the next store would touch them again); reading the order settles the last deferred
     touch, and the order is the per-key reference's, which touches at every step."""
     keys = chunk_keys(list(range(64)), 4, b"steps")
-    fast = SlotIndex(40, TouchCounting(40))
+    policy = TouchCounting(40)
+    fast = SlotIndex(40, policy)
     ref = PerKeyIndex(40, LRUPolicy(40))
     other = chunk_keys([7] * 8, 4, b"steps")
     for idx in (fast, ref):
@@ -101,8 +102,6 @@ def test_a_chunked_prefill_touches_its_ancestors_once():
         for i in range(0, 16, 4):
             slots = idx.reserve(keys[i : i + 4], keys[i - 1] if i else None)
             idx.commit(keys[i : i + 4], [True] * len(slots))
-    policy = fast._policy
-    assert isinstance(policy, TouchCounting)
     assert policy.moved == 0 and fast._pending == (keys[11], keys[15])
     assert list(fast.policy.candidates()) == list(ref.policy.candidates())
     assert policy.moved == 12 and fast._pending is None

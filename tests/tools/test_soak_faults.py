@@ -49,7 +49,7 @@ def test_corrupted_payloads_fail_their_checksum(tmp_path):
     slab, keys = filled_slab(tmp_path / "d")
     inj = DiskFaultInjector(tmp_path / "d", seed=3, kinds=("corrupt",))
     for _ in range(5):
-        assert inj._corrupt()
+        assert inj.inject("corrupt")
     ok = read_all(slab, keys)
     assert 1 <= ok.count(False) <= 5
     assert slab.corrupt_reads == ok.count(False)
@@ -59,7 +59,7 @@ def test_corrupted_payloads_fail_their_checksum(tmp_path):
 def test_truncated_files_come_up_short_and_later_writes_reextend(tmp_path):
     slab, keys = filled_slab(tmp_path / "d")
     inj = DiskFaultInjector(tmp_path / "d", seed=5, kinds=("truncate",))
-    assert inj._truncate()
+    assert inj.inject("truncate")
     ok = read_all(slab, keys)
     assert ok.count(False) >= 1 and ok[0]
     assert slab.io_errors + slab.corrupt_reads >= ok.count(False)
@@ -99,7 +99,7 @@ def test_full_filesystem_fails_writes_then_recovers(tmp_path):
         os.unlink(os.path.join(fs, "ballast"))
         assert ballast_full == [[False]] and slab.io_errors >= 1
         assert slab.write([200], [keys[200]], [[(0, payload(keys[200]))]]) == [True]
-        assert inj._enospc()  # the injector's own episode fills and frees it too
+        assert inj.inject("enospc")  # the injector's own episode fills and frees it too
         assert slab.write([201], [keys[201]], [[(0, payload(keys[201]))]]) == [True]
         slab.close()
 

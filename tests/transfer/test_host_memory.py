@@ -54,7 +54,7 @@ def test_cpu_slab_warms_in_slot_order_and_copies_before_it_is_ready():
     rows = [4096, 8192, 4096]
     slab = CpuSlab(64, rows, 2)
     assert slab.host is not None
-    spans = slab._warm_spans(64)
+    spans = slab.host.spans
     # Every byte of the slab in exactly one span; a region's rows never split by a span edge.
     covered = sorted(spans)
     assert sum(n for _, n in covered) == slab.flat.numel()

@@ -273,8 +273,8 @@ def test_a_part_counts_as_copied_only_after_its_fence():
     seen = []
 
     def fence():
-        seen.append((unit._tail_done, unit._copied))
+        seen.append((unit.tail_done, unit.copied))
 
     (result,) = unit.run(lambda j, plan, only: [True], 10, fence=fence)
     assert seen == [(False, 0), (True, 0), (True, 1), (True, 2)]
-    assert result.all_ok and unit._copied == 3
+    assert result.all_ok and unit.copied == 3
