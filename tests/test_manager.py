@@ -11,7 +11,7 @@ from kvtier.keys import KeyChain
 from kvtier.layout import KVLayout
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
-from mini_engine import HD2, HEADS, LAYERS, MiniEngine
+from tests.support.mini_engine import HD2, HEADS, LAYERS, MiniEngine
 
 CFG = KVTierConfig(chunk_tokens=8, cpu_bytes=1 << 20, sync_budget=SyncBudget("fixed", 1 << 30))
 
@@ -298,7 +298,7 @@ def test_write_back_demotes_only_what_the_cpu_tier_evicts(tmp_path):
                 plan_stores = e.manager.movement.pending  # write-through only: stays empty
                 assert not plan_stores
                 e.step()
-                waited += [j for j in e.worker._inflight.values() if j.after]
+                waited += [x.job for x in e.manager.jobs if x.job.after]
             e.run()
         assert waited, "no store waited for a demotion of the slots it reuses"
         for i in (0, 1, 2):
