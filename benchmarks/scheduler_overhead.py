@@ -481,8 +481,8 @@ def measure_scheduler(
 
 def measure_arrival(held: bool, iters: int, warmup: int = 3) -> dict[str, float]:
     """Part (g): ``on_new_request`` and the step's prefetch planning, with prefetch on, keys
-    already computed; ``held``: the
-    chain is in the CPU tier (and on disk), else nowhere. Nothing is prefetched (asserted)."""
+    already computed; ``held``: the chain is in the CPU tier (and on disk), else nowhere.
+    Nothing is prefetched (asserted)."""
     c, hit_tokens = 16, 128 << 10
     rng = random.Random(1)
     tokens = [rng.randrange(49152) for _ in range(hit_tokens + TAIL_TOKENS)]
