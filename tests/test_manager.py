@@ -11,7 +11,7 @@ from kvtier.keys import KeyChain
 from kvtier.layout import KVLayout
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
-from mini_engine import HD2, HEADS, LAYERS, MiniEngine
+from tests.support.mini_engine import HD2, HEADS, LAYERS, MiniEngine
 
 CFG = KVTierConfig(chunk_tokens=8, cpu_bytes=1 << 20, sync_budget=SyncBudget("fixed", 1 << 30))
 
@@ -247,20 +247,23 @@ def test_a_measured_disk_tier_loads_within_the_step(tmp_path, corrupt):
 
 
 def test_a_disk_hit_costs_the_budget_at_the_disk_s_price(tmp_path):
-    """The budget is counted in host-copy bytes: a disk four times slower than the host
-    copy charges four times its bytes, so a hit that a host-priced budget would take
-    loads async, and an unmeasured disk tier never loads within the step."""
+    """The budget is counted in host-copy bytes: a disk run costs its bytes times how much
+    slower the disk tier's loads measured (four times before any was measured), so the
+    same hit loads within the step or not as the disk's price moves."""
     chunk = KVLayout.dense(LAYERS, HEADS, HD2 // 2, "int16").chunk_bytes(8)
-    budget = SyncBudget("fixed", 8 * chunk)  # two 4-chunk hits at host price
-    e, prompts = stored_on_disk(tmp_path, budget)
+    e, prompts = stored_on_disk(tmp_path, SyncBudget("fixed", 16 * chunk))
     try:
-        unmeasured = run_one(e, "u", prompts[0])
-        assert unmeasured.async_hit == 32 and unmeasured.sync_hit == 0
-        _measured(e, 2.5e9)  # 10 GB/s host copy: a disk byte costs four
-        slow = run_one(e, "slow", prompts[1])
+        budget = e.manager.loads.budget
+        no_host = run_one(e, "n", prompts[0])  # the host copy not calibrated: no price
+        assert no_host.async_hit == 32 and no_host.sync_hit == 0
+        budget.observe_bandwidth(10e9)
+        guessed = run_one(e, "g", prompts[1])  # 4 chunks at 4x: 16, fits
+        assert guessed.sources == {HitSource.DISK: 32} and guessed.sync_hit == 32
+        _measured(e, 1.25e9)  # 8x: 32 chunks, over
+        slow = run_one(e, "slow", prompts[2])
         assert slow.sources == {HitSource.DISK: 32} and slow.async_hit == 32
-        _measured(e, 40e9)  # averaged in: now cheaper than twice the host copy
-        fast = run_one(e, "fast", prompts[2])
+        _measured(e, 40e9)  # averaged in (0.8 x 1.25 + 0.2 x 40 = 9 GB/s): 4.4 chunks
+        fast = run_one(e, "fast", prompts[3])
         assert fast.sources == {HitSource.DISK: 32} and fast.sync_hit == 32
         assert e.wrong == 0
     finally:
@@ -295,7 +298,7 @@ def test_write_back_demotes_only_what_the_cpu_tier_evicts(tmp_path):
                 plan_stores = e.manager.movement.pending  # write-through only: stays empty
                 assert not plan_stores
                 e.step()
-                waited += [j for j in e.worker._inflight.values() if j.after]
+                waited += [x.job for x in e.manager.jobs if x.job.after]
             e.run()
         assert waited, "no store waited for a demotion of the slots it reuses"
         for i in (0, 1, 2):

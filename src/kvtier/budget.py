@@ -16,7 +16,9 @@ The budget is counted in bytes of host-memory copy. A load from a tier that is n
 memory (the disk tier) is charged what a host copy of the same duration would move: its
 bytes times ``bandwidth / tier bandwidth``, the tier's bandwidth measured from its own
 finished loads (sync or async; an average, so a cold device read raises the price of the
-next ones). A tier whose loads were never measured cannot load within the step.
+next ones). Until one of its loads was measured, such a tier is priced ``UNMEASURED_SLOWDOWN``
+times the host copy (a restarted engine's first disk hits); its first measured load
+replaces that guess.
 
 The configured budget (:class:`SyncBudget`, the config's ``sync_budget``) is defined here,
 next to what spends it, so that the load planner is handed it alone, not the config.
@@ -33,6 +35,10 @@ from kvtier.units import parse_size
 _EMA = 0.2
 _MIN_OBSERVED_BYTES = 4 << 20
 """Sync loads smaller than this carry too much fixed cost to refine the bandwidth."""
+UNMEASURED_SLOWDOWN = 4.0
+"""How many times slower than the host copy a tier that is not host memory is assumed to
+load until one of its loads was measured: a local NVMe drive's sequential reads against
+a host memory copy, the same order on common servers and on this project's machines."""
 
 
 @dataclass(frozen=True)
@@ -139,13 +145,16 @@ class BudgetTracker:
 
     def host_bytes(self, tier: str | None, nbytes: int) -> int | None:
         """What loading ``nbytes`` from ``tier`` (None: host memory) costs of the budget:
-        the bytes a host copy moves in the same time; None while that is unknown (the
-        tier's or the host copy's bandwidth not measured yet)."""
+        the bytes a host copy moves in the same time (``UNMEASURED_SLOWDOWN`` times
+        ``nbytes`` until the tier's loads were measured); None while the host copy's
+        bandwidth is unknown."""
         if tier is None:
             return nbytes
-        bw = self.tier_bandwidth.get(tier)
-        if bw is None or self.bandwidth is None:
+        if self.bandwidth is None:
             return None
+        bw = self.tier_bandwidth.get(tier)
+        if bw is None:
+            return int(nbytes * UNMEASURED_SLOWDOWN)
         return int(nbytes * self.bandwidth / bw)
 
     def observe_step(self, forward_seconds: float) -> None:
