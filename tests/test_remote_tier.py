@@ -19,8 +19,8 @@ from kvtier.keys import GROUP_CHUNKS
 from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote import client as client_module
-from kvtier.tiers.remote import probe as probe_module
 from kvtier.tiers.remote import plain as plain_module
+from kvtier.tiers.remote import probe as probe_module
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tools.redis_server import RedisCluster, RedisServer
 from redis_fixtures import (  # noqa: F401  (fixtures)
@@ -320,7 +320,7 @@ def test_stores_send_host_memory_as_it_is_and_zeros_where_it_has_none(server):  
     try:
         keys, data = chain(7, salt=31), payload(7, 8)
         assert store.write([-1] * 7, keys, segs(data)) == [True] * 7
-        assert getattr(store._parts._local, "buf", None) is None
+        assert not store.parts.staging_held
         out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
         assert store.read([-1] * 7, keys, segs(out)) == [True] * 7 and torch.equal(out, data)
         # Only the middle of the payload given: the rest must come back zero, not the
