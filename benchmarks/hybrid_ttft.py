@@ -46,7 +46,7 @@ from kvtier.tools.bench.engine import run_engine
 
 CONNECTOR = {"cpu_bytes": "1GiB"}
 BLOCK = 96
-"""vLLM's block size for this model with prefix caching on (see tests/test_hybrid.py)."""
+"""vLLM's block size for this model with prefix caching on (see tests/vllm/test_hybrid.py)."""
 
 
 def _serve(name: str, prompt: list[int], rid: str) -> dict[str, Any]:

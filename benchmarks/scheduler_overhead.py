@@ -232,7 +232,7 @@ def sweep_hit_sources(
 
 
 def store_chain(index: SlotIndex, keys: Sequence[Key], n: int) -> int:
-    """Store ``keys[:n]`` in chain order (reserve + commit), as tests/test_index.py does."""
+    """Store ``keys[:n]`` in chain order (reserve + commit), as tests/tiers/test_index.py does."""
     present = index.prefix_len(keys, any_state=True)
     todo = list(keys[present:n])
     slots = index.reserve(todo, keys[present - 1] if present else None)

@@ -16,9 +16,11 @@ distinct document (no shared prefix), one request at a time on an idle engine:
     a disk tier; a new engine process on the same directory (page cache hot, CPU tier
     empty) serves the prompts from disk. ``ttft_recompute_over_disk_hit_4k`` is the
     smallest per-prompt ratio (recompute of a prompt / its disk hit), not the best one.
-    Disk hits always load asynchronously (the disk tier takes no sync loads), so layer-wise
-    loading, which applies to loads within the step, cannot change them: (e') is (e) on an
-    engine with ``layer_loads="on"``, measured to show that (``ttft_disk_hit_layerwise_*``).
+    This engine's ``sync_budget`` is 0, so its disk hits load between steps (the async
+    reference; disk hits within the step, where a budget allows, are measured by
+    ``benchmarks/prefetch.py``), and layer-wise loading, which applies to loads within the
+    step, cannot change them: (e') is (e) on an engine with ``layer_loads="on"``,
+    measured to show that (``ttft_disk_hit_layerwise_*``).
 
 Every engine runs in process with the same explicit compute threads (``--threads``,
 default all cores): vLLM would otherwise give the connector's engines another thread

@@ -12,7 +12,7 @@ I/O and keep the rest; then register the kind::
     register_tier_kind(template_tier.KIND)
 
 and name it in a config: ``"tiers": [{"kind": "cpu"}, {"kind": "template"}]``.
-``tests/test_conformance.py`` registers this file's kind and runs the conformance suite
+``tests/conformance/test_conformance.py`` registers this file's kind and runs the conformance suite
 (:mod:`kvtier.conformance`) on it: run the same on yours. docs/tiers.md ("Adding a tier
 kind") walks through each part.
 

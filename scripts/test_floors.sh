@@ -14,5 +14,5 @@ trap 'rm -rf "$DIR"' EXIT
 "$PY" -m pip install -q --no-deps --target "$DIR" "redis==$REDIS" "hiredis==$HIREDIS"
 export PYTHONPATH="$DIR:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import redis, hiredis; print('test-floors: redis', redis.__version__, 'hiredis', hiredis.__version__, 'from', redis.__file__)"
-"$PY" -m pytest -q -p no:cacheprovider tests/test_remote_tier.py tests/test_remote_tls.py \
-  tests/test_secrets.py "$@"
+"$PY" -m pytest -q -p no:cacheprovider tests/tiers/remote/test_remote_tier.py \
+  tests/tiers/remote/test_remote_tls.py tests/tiers/remote/test_secrets.py "$@"

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from engine_client import EngineHost
+from tests.support.engine_client import EngineHost
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -30,7 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def engine_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHost]:
-    """This worker's engine host (tests/engine_client.py); its process starts on first use."""
+    """This worker's engine host (tests/support/engine_client.py); its process starts on
+    first use."""
     host = EngineHost(tmp_path_factory.mktemp("engine-host"))
     yield host
     host.close()

@@ -24,7 +24,7 @@ from kvtier.stack.stack import StackTier, TierStack
 from kvtier.tier_events import EventRun, TierEvents
 from kvtier.tiers.faulty import FaultPlan
 from kvtier.tiers.index import SlotIndex, store_at_once
-from mini_engine import MiniEngine
+from tests.support.mini_engine import MiniEngine
 
 CHUNK = 8
 BLOCK = 4  # the mini engine's block size: 2 blocks per chunk

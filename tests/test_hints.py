@@ -16,7 +16,7 @@ from kvtier.config import KVTierConfig
 from kvtier.hints import NO_HINTS, Hints, parse_hints
 from kvtier.metrics import Metrics
 from kvtier.sources import HitSource
-from mini_engine import MiniEngine
+from tests.support.mini_engine import MiniEngine
 
 C = 8
 CFG = KVTierConfig(chunk_tokens=C, sync_budget=SyncBudget("fixed", 1 << 30), eviction="lru")

@@ -15,7 +15,7 @@ def test_secret_from_env_and_file_are_the_same_key(tmp_path, monkeypatch):
     monkeypatch.setenv("KVT_TEST_SECRET", secret.decode())
     path = tmp_path / "secret"
     path.write_bytes(secret + b"\n")
-    path.chmod(0o600)  # a secret file must be private (tests/test_secrets.py)
+    path.chmod(0o600)  # a secret file must be private (tests/tiers/remote/test_secrets.py)
     from_env = read_key_secret(KVTierConfig.from_dict({"key_secret_env": "KVT_TEST_SECRET"}))
     from_file = read_key_secret(KVTierConfig.from_dict({"key_secret_file": str(path)}))
     assert from_env == from_file == secret

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from kvtier.budget import SyncBudget
 from kvtier.config import KVTierConfig
 from kvtier.keys import KeyChain
+from kvtier.layout import KVLayout
 from kvtier.sources import HitSource
 from kvtier.tiers.faulty import FaultPlan
-from mini_engine import MiniEngine
+from tests.support.mini_engine import HD2, HEADS, LAYERS, MiniEngine
 
 CFG = KVTierConfig(chunk_tokens=8, cpu_bytes=1 << 20, sync_budget=SyncBudget("fixed", 1 << 30))
 
@@ -185,16 +186,86 @@ def test_write_through_disk_serves_what_the_cpu_tier_evicted(tmp_path):
         promoted = run_one(e, "again0b", prompts[0])
         assert promoted.sources == {HitSource.HOST: 32} and promoted.sync_hit == 32
         assert e.wrong == 0
-        # Corrupt every disk payload: disk hits fail their checksum and are recomputed.
-        for f in (tmp_path / "disk").glob("slab-*.kvt"):
-            data = bytearray(f.read_bytes())
-            for off in range(8192, len(data), 512):
-                data[off] ^= 0xFF
-            f.write_bytes(bytes(data))
+        corrupt_disk(tmp_path / "disk")  # disk hits fail their checksum: recompute
         again = run_one(e, "again1", prompts[1])
         assert again.sources == {HitSource.DISK: 32}
         assert e.recomputed >= 1 and e.wrong == 0
         assert e.disk.corrupt_reads > 0
+    finally:
+        e.close()
+
+
+def corrupt_disk(path: Path) -> None:
+    """Flip a byte every 512 past the first 8 KiB of every slab file: payloads fail their
+    checksum."""
+    for f in path.glob("slab-*.kvt"):
+        data = bytearray(f.read_bytes())
+        for off in range(8192, len(data), 512):
+            data[off] ^= 0xFF
+        f.write_bytes(bytes(data))
+
+
+def stored_on_disk(tmp_path: Path, budget: SyncBudget) -> tuple[MiniEngine, list[list[int]]]:
+    """A 4-chunk CPU tier over a disk tier, and four 4-chunk prompts stored (the first
+    ones evicted from the CPU tier, all on disk)."""
+    cfg = KVTierConfig(chunk_tokens=8, sync_budget=budget)
+    e = MiniEngine(cfg, num_blocks=96, cpu_chunks=4, disk_dir=tmp_path / "disk")
+    prompts = [[i] * 32 + [100 + i] for i in range(4)]
+    for i, p in enumerate(prompts):
+        run_one(e, f"w{i}", p)
+    return e, prompts
+
+
+def _measured(e: MiniEngine, disk_bw: float) -> None:
+    """The bandwidths a real engine measures (its worker calibrates the host copy at start,
+    the disk tier's loads price it); the mini engine's tiny loads are under the size that
+    refines them."""
+    budget = e.manager.loads.budget
+    budget.observe_bandwidth(10e9)
+    budget.observe_tier_load("disk", 64 << 20, (64 << 20) / disk_bw)
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_a_measured_disk_tier_loads_within_the_step(tmp_path, corrupt):
+    """Once the disk tier's load bandwidth is known, a disk hit that fits the step's budget
+    (at the disk's price) loads within the step, straight from the slab into engine
+    blocks: exact KV. A sync disk read that fails its checksum is recomputed, never a
+    wrong token."""
+    e, prompts = stored_on_disk(tmp_path, SyncBudget("fixed", 1 << 30))
+    try:
+        _measured(e, 5e9)
+        if corrupt:
+            corrupt_disk(tmp_path / "disk")
+        r = run_one(e, "again0", prompts[0])  # evicted from CPU long ago
+        assert r.sources == {HitSource.DISK: 32} and r.sync_hit == 32 and r.async_hit == 0
+        assert e.manager.metrics.get("loads", "disk", "sync") == 1
+        assert e.wrong == 0
+        assert e.recomputed == (1 if corrupt else 0)
+        assert (e.disk.corrupt_reads > 0) == corrupt
+    finally:
+        e.close()
+
+
+def test_a_disk_hit_costs_the_budget_at_the_disk_s_price(tmp_path):
+    """The budget is counted in host-copy bytes: a disk run costs its bytes times how much
+    slower the disk tier's loads measured (four times before any was measured), so the
+    same hit loads within the step or not as the disk's price moves."""
+    chunk = KVLayout.dense(LAYERS, HEADS, HD2 // 2, "int16").chunk_bytes(8)
+    e, prompts = stored_on_disk(tmp_path, SyncBudget("fixed", 16 * chunk))
+    try:
+        budget = e.manager.loads.budget
+        no_host = run_one(e, "n", prompts[0])  # the host copy not calibrated: no price
+        assert no_host.async_hit == 32 and no_host.sync_hit == 0
+        budget.observe_bandwidth(10e9)
+        guessed = run_one(e, "g", prompts[1])  # 4 chunks at 4x: 16, fits
+        assert guessed.sources == {HitSource.DISK: 32} and guessed.sync_hit == 32
+        _measured(e, 1.25e9)  # 8x: 32 chunks, over
+        slow = run_one(e, "slow", prompts[2])
+        assert slow.sources == {HitSource.DISK: 32} and slow.async_hit == 32
+        _measured(e, 40e9)  # averaged in (0.8 x 1.25 + 0.2 x 40 = 9 GB/s): 4.4 chunks
+        fast = run_one(e, "fast", prompts[3])
+        assert fast.sources == {HitSource.DISK: 32} and fast.sync_hit == 32
+        assert e.wrong == 0
     finally:
         e.close()
 
@@ -227,7 +298,7 @@ def test_write_back_demotes_only_what_the_cpu_tier_evicts(tmp_path):
                 plan_stores = e.manager.movement.pending  # write-through only: stays empty
                 assert not plan_stores
                 e.step()
-                waited += [j for j in e.worker._inflight.values() if j.after]
+                waited += [x.job for x in e.manager.jobs if x.job.after]
             e.run()
         assert waited, "no store waited for a demotion of the slots it reuses"
         for i in (0, 1, 2):

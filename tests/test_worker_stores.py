@@ -13,7 +13,7 @@ from kvtier.jobs import StepPlan, TransferJob
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer import KVRegions, TransferEngine
 from kvtier.worker import WorkerSide
-from test_transfer import block_bytes, cpu_layout
+from tests.support.kv_tensors import block_bytes, cpu_layout
 
 
 def side() -> tuple[list[torch.Tensor], WorkerSide]:

@@ -12,6 +12,14 @@ and the step time an average of measured forward passes, sync copies excluded, s
 budget cannot feed back into a larger step time. Nothing here needs tuning per deployment.
 Until both are measured the auto budget is 0 (every hit loads async).
 
+The budget is counted in bytes of host-memory copy. A load from a tier that is not host
+memory (the disk tier) is charged what a host copy of the same duration would move: its
+bytes times ``bandwidth / tier bandwidth``, the tier's bandwidth measured from its own
+finished loads (sync or async; an average, so a cold device read raises the price of the
+next ones). Until one of its loads was measured, such a tier is priced ``UNMEASURED_SLOWDOWN``
+times the host copy (a restarted engine's first disk hits); its first measured load
+replaces that guess.
+
 The configured budget (:class:`SyncBudget`, the config's ``sync_budget``) is defined here,
 next to what spends it, so that the load planner is handed it alone, not the config.
 """
@@ -27,6 +35,10 @@ from kvtier.units import parse_size
 _EMA = 0.2
 _MIN_OBSERVED_BYTES = 4 << 20
 """Sync loads smaller than this carry too much fixed cost to refine the bandwidth."""
+UNMEASURED_SLOWDOWN = 4.0
+"""How many times slower than the host copy a tier that is not host memory is assumed to
+load until one of its loads was measured: a local NVMe drive's sequential reads against
+a host memory copy, the same order on common servers and on this project's machines."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,8 @@ class BudgetTracker:
         self.budget = budget
         self.bandwidth: float | None = None
         """Load copy bandwidth, bytes/s."""
+        self.tier_bandwidth: dict[str, float] = {}
+        """Measured load bandwidth (bytes/s) of each tier that is not host memory, by name."""
         self.step_seconds: float | None = None
         """Average forward-pass seconds per step, sync copies excluded."""
         self.batch = 1
@@ -120,6 +134,28 @@ class BudgetTracker:
             self.bandwidth = (
                 bw if self.bandwidth is None else (1 - _EMA) * self.bandwidth + _EMA * bw
             )
+
+    def observe_tier_load(self, tier: str, nbytes: int, seconds: float) -> None:
+        """A finished load from ``tier`` (not host memory), sync or async (large ones
+        only): refines that tier's bandwidth."""
+        if nbytes >= _MIN_OBSERVED_BYTES and seconds > 0:
+            bw = nbytes / seconds
+            old = self.tier_bandwidth.get(tier)
+            self.tier_bandwidth[tier] = bw if old is None else (1 - _EMA) * old + _EMA * bw
+
+    def host_bytes(self, tier: str | None, nbytes: int) -> int | None:
+        """What loading ``nbytes`` from ``tier`` (None: host memory) costs of the budget:
+        the bytes a host copy moves in the same time (``UNMEASURED_SLOWDOWN`` times
+        ``nbytes`` until the tier's loads were measured); None while the host copy's
+        bandwidth is unknown."""
+        if tier is None:
+            return nbytes
+        if self.bandwidth is None:
+            return None
+        bw = self.tier_bandwidth.get(tier)
+        if bw is None:
+            return int(nbytes * UNMEASURED_SLOWDOWN)
+        return int(nbytes * self.bandwidth / bw)
 
     def observe_step(self, forward_seconds: float) -> None:
         """A measured forward pass (sync copies excluded)."""

@@ -89,7 +89,8 @@ class KVTierConfig:
     sync_budget: SyncBudget = field(default_factory=lambda: SyncBudget("auto"))
     """Bytes per engine step that may load within the step: "auto" (default; derived from
     the measured copy bandwidth and the observed step time, no tuning), a size such as
-    "64MiB", or 0 / "off" (every hit loads asynchronously)."""
+    "64MiB", or 0 / "off" (every hit loads asynchronously). Counted in host-memory copy:
+    a disk hit's bytes cost more by how much slower the disk tier's loads measured."""
 
     layer_loads: LayerLoads = "auto"
     """Whether loads within the step (sync loads) are copied layer by layer while the

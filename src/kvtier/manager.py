@@ -212,6 +212,7 @@ class CacheManager:
         hit = req.hit if req is not None else None
         if req is None or hit is None or num_external <= 0:
             self.budget.release(req_id)
+            self.arrivals.prefetch.consumed(req_id, 0)  # admitted: nothing to prefetch
             if req is not None:
                 req.load_runs = []
             return
@@ -414,7 +415,7 @@ def on_new_request(
     req.hints = hints
     if want and not req.unkeyable:
         req.chain.update(tokens)
-        arrivals.prefetch.arrive(req_id, req.chain.keys)
+        arrivals.prefetch.arrive(req_id, req.chain.keys, now=hints.prefetch_only)
 
 
 def _slots(index: object) -> int:

@@ -42,7 +42,10 @@ class Capabilities:
     """Its chunks are bytes in this process's host memory that the engine copies to and
     from directly (the CPU tier's slab): KV events report medium "CPU" for it."""
     sync_loads: bool = False
-    """A hit served from it may load within the engine step (fast host memory)."""
+    """A hit served from it may load within the engine step where the per-step budget
+    allows (:mod:`kvtier.budget`): host memory (``byte_addressable``), priced at the
+    calibrated copy bandwidth, or a local medium priced at the bandwidth its own loads
+    were measured at (the disk tier; a guess until one was measured)."""
     events: bool = True
     """Its index tells a listener (:class:`~kvtier.contract.IndexListener`) when chunks
     become readable and when they leave, so the connector can publish tier events. A

@@ -96,6 +96,12 @@ class Doorkeeper:
         if len(self._seen) > self.limit:
             self._seen_old, self._seen = self._seen, set()
 
+    def remembered(self) -> tuple[int, int, int, int]:
+        """Keys each generation holds (seen, seen before; first sightings, first sightings
+        before): the doorkeeper's memory. Each holds at most ``limit`` keys plus one
+        request's before it becomes the older generation."""
+        return len(self._seen), len(self._seen_old), len(self._first), len(self._first_old)
+
     def _sampled(self, key: Key) -> bool:
         return (key[-1] | key[-2] << 8) % self.stride == 0  # digest bytes (not the tag)
 

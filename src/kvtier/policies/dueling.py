@@ -29,7 +29,7 @@ the deficit exceeds the budget by at most one request. Hence, at every point::
     hit blocks >= LRU's hit blocks - BUDGET x blocks requested - longest request (blocks)
                   - switch_diverged (what the last switch to LRU may still cost)
 
-(``tests/test_dueling.py`` checks exactly this on random traces, against a real LRU
+(``tests/policies/test_dueling.py`` checks exactly this on random traces, against a real LRU
 replay.) ``switch_diverged`` is at most the capacity; on the traces of
 ``benchmarks/policy_table.py`` the worst cell is well inside 0.5 points (docs/policy.md).
 With sampled shadows (``stride > 1``) the deficit is an estimate (sampled hits x stride)

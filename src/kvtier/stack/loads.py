@@ -67,28 +67,47 @@ class LoadPlanner:
     def plan(self, req_id: str, hit: Hit, num_tokens: int) -> tuple[int, bool]:
         """``(external tokens, load asynchronously)``.
 
-        Sync (within this step) when every run is in a tier that allows it (host memory)
-        and its bytes fit what is left of this step's budget; async otherwise. A sync hit
-        must leave at least one token to compute, so a hit covering the whole sequence is
-        trimmed by one token: the load still copies the whole last chunk, and the engine
-        recomputes that token's KV in place, as it does for its own full prefix-cache hits.
+        Sync (within this step) when every run is in a tier that allows it (host memory,
+        or a local medium whose load bandwidth was measured: the disk tier) and the hit's
+        cost fits what is left of this step's budget (host-memory bytes; a slower tier's
+        bytes cost more, :meth:`~kvtier.budget.BudgetTracker.host_bytes`); async otherwise.
+        A sync hit must leave at least one token to compute, so a hit covering the whole
+        sequence is trimmed by one token: the load still copies the whole last chunk, and
+        the engine recomputes that token's KV in place, as it does for its own full
+        prefix-cache hits.
         """
         n = hit.tokens
         if n <= 0:
             self.budget.release(req_id)
             return 0, False
-        sync_ok = self.sync_loads and self.stack.sync_capable(
-            [self.stack.position[t] for t, _, _ in hit.runs]
-        )
         sync_tokens = n - 1 if hit.end >= num_tokens else n
-        if (
-            sync_ok
-            and sync_tokens > 0
-            and self.budget.try_reserve(req_id, self.layout.load_bytes(n))
-        ):
-            return sync_tokens, False
+        if self.sync_loads and sync_tokens > 0:
+            cost = self._sync_cost(hit)
+            if cost is not None and self.budget.try_reserve(req_id, cost):
+                return sync_tokens, False
         self.budget.release(req_id)
         return n, True
+
+    def _sync_cost(self, hit: Hit) -> int | None:
+        """The hit's charge on the step's budget if it loads within the step, or None where
+        a run's tier cannot (see :meth:`plan`). Bytes are shared out among runs by tokens
+        (the layout's bound is per hit, not per run)."""
+        nbytes = self.layout.load_bytes(hit.tokens)
+        cost = 0
+        c = self.chunk_tokens
+        for name, c0, c1 in hit.runs:
+            tier = self.stack.by_name(name)
+            if not tier.sync_loads:
+                return None
+            tokens = min(c1 * c, hit.end) - max(c0 * c, hit.start)
+            share = nbytes * tokens // hit.tokens
+            run_cost = self.budget.host_bytes(
+                None if tier.capabilities.byte_addressable else name, share
+            )
+            if run_cost is None:
+                return None
+            cost += run_cost
+        return cost
 
     def allocate(
         self,
@@ -169,5 +188,8 @@ class LoadPlanner:
         mode = "sync" if job.sync else "async"
         self.metrics.inc("load_bytes", result.nbytes, job.tier, mode)
         self.metrics.inc("load_seconds", result.seconds, job.tier, mode)
-        if job.sync:
+        if not self.stack.by_name(job.tier).capabilities.byte_addressable:
+            if all(result.ok):  # a failed read's time says nothing of the medium's speed
+                self.budget.observe_tier_load(job.tier, result.nbytes, result.seconds)
+        elif job.sync:
             self.budget.observe_sync_load(result.nbytes, result.seconds)

@@ -7,6 +7,13 @@ would, demotions first) and one ``copy`` job per source tier, run by the workers
 lanes off the engine thread. When vLLM schedules the request, its lookup finds those chunks
 in the first tier: a host hit, loaded within the step where the sync budget allows.
 
+When: at the end of the step the request arrived in (the step's plan carries the copies,
+so a copy starts no later than if it had been planned at arrival), and only if vLLM did
+not admit the request in that step. An admitted request has no wait to hide a copy in: it
+takes its hit where it lies (a disk hit loads within the step where the budget allows),
+instead of reading its chunks twice. A ``prefetch_only`` request is prefetched at once
+(the copy in the first tier is what it asks for).
+
 Contracts:
 
 - Bounded: the bytes a prefetch reserves count against ``prefetch_inflight_bytes`` (at most
@@ -106,9 +113,11 @@ class Prefetcher:
 
     # -- arrival ---------------------------------------------------------------------------
 
-    def arrive(self, req_id: str, keys: Sequence[Key]) -> None:
-        """A request arrived with chain ``keys`` (kept by reference: they only grow)."""
-        if self.able and keys and not self._try(req_id, keys):
+    def arrive(self, req_id: str, keys: Sequence[Key], *, now: bool = False) -> None:
+        """A request arrived with chain ``keys`` (kept by reference: they only grow). Its
+        prefetch is planned at the end of the step (:meth:`step`) unless vLLM admits it
+        first (:meth:`consumed`); ``now``: planned at once (``prefetch_only``)."""
+        if self.able and keys and (not now or not self._try(req_id, keys)):
             self._backlog[req_id] = keys
 
     def _try(self, req_id: str, keys: Sequence[Key]) -> bool:
@@ -252,8 +261,9 @@ class Prefetcher:
     # -- steps -----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Once per engine step: a new per-step allowance, leases that ended, the
-        backlog retried in arrival order."""
+        """Once per engine step (at its end): a new per-step allowance, leases that ended,
+        the backlog (this step's arrivals that vLLM did not admit among them) planned in
+        arrival order."""
         self._step_used = 0
         if self._reqs:
             now = self.clock()

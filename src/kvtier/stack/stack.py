@@ -40,7 +40,7 @@ class StackTier:
 
     @property
     def sync_loads(self) -> bool:
-        """Hits served from it may load within the step (host memory)."""
+        """Hits served from it may load within the step (see ``Capabilities.sync_loads``)."""
         return self.capabilities.sync_loads
 
 
@@ -117,9 +117,6 @@ class TierStack:
         while self.tiers[t].shared:
             t -= 1
         return t
-
-    def sync_capable(self, positions: Sequence[int]) -> bool:
-        return all(self.tiers[t].sync_loads for t in positions)
 
     def clear(self) -> None:
         for tier in self.tiers:

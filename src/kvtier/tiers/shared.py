@@ -83,6 +83,11 @@ class SharedSpace:
                 self._evict_one()
             return n
 
+    def drop(self, key: bytes) -> bool:
+        """Remove one value behind every engine's back (fault tests); whether it was there."""
+        with self._lock:
+            return self._data.pop(key, None) is not None
+
     def overwrite(self, key: bytes, value: bytes) -> None:
         """Replace a value as a misbehaving writer would (fault tests)."""
         with self._lock:

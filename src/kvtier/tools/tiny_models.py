@@ -9,7 +9,7 @@ the whole prompt. vLLM then loads it like any model.
 Why not ``load_format="dummy"``: vLLM's dummy weights are tiny uniform values, with which
 the output depends on the last token only, so a test would pass with wrong KV. A test
 must still check that sensitivity itself (the baseline's outputs differ between prompts
-that end alike): see ``tests/test_models.py``.
+that end alike): see ``tests/vllm/test_models.py``.
 
 ``python -m kvtier.tools.tiny_models ARCH DIR`` writes one.
 """

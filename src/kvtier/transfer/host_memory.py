@@ -124,7 +124,8 @@ class HostBuffer:
         for off, length in spans:
             if off < 0 or length < 0 or off + length > nbytes:
                 raise ValueError(f"span ({off}, {length}) outside a {nbytes}-byte buffer")
-        self._spans = [s for s in spans if s[1] > 0]
+        self.spans = tuple(s for s in spans if s[1] > 0)
+        """The non-empty spans, in the order they are made ready."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._registered: list[int] = []
@@ -137,10 +138,10 @@ class HostBuffer:
         self.pinned = False
         """True once every span is page-locked (CUDA only)."""
         self._thread: threading.Thread | None = None
-        if self._spans and background:
+        if self.spans and background:
             self._thread = threading.Thread(target=self._run, name="kvtier-host-warm", daemon=True)
             self._thread.start()
-        elif self._spans:
+        elif self.spans:
             self._run()
 
     def _run(self) -> None:
@@ -149,7 +150,7 @@ class HostBuffer:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_NICE)
         t0 = time.perf_counter()
         populate = not self._pin
-        for off, length in self._spans:
+        for off, length in self.spans:
             if self._stop.is_set():
                 return
             if self._pin:
@@ -189,7 +190,7 @@ class HostBuffer:
         """Block until every span is ready (or the thread stopped); True if all are."""
         if self._thread is not None:
             self._thread.join(timeout)
-        return self.ready_spans == len(self._spans)
+        return self.ready_spans == len(self.spans)
 
     def close(self) -> None:
         self._stop.set()

@@ -48,6 +48,16 @@ class LayeredLoad:
         self._tail_done = False
         self._over = False
 
+    @property
+    def copied(self) -> int:
+        """How many leading layers are whole (copied, and fenced where a fence is given)."""
+        return self._copied
+
+    @property
+    def tail_done(self) -> bool:
+        """Whether every job's last block is copied."""
+        return self._tail_done
+
     # -- the engine's thread ---------------------------------------------------------------
 
     def wait_tail(self) -> None:

@@ -82,7 +82,7 @@ KIND = TierKind(
     make_index=_index,
     make_store=_store,
     default_capacity=DEFAULT_CAPACITY,
-    capabilities=fixed(Capabilities(persistent=True)),
+    capabilities=fixed(Capabilities(persistent=True, sync_loads=True)),
     options=DiskOptions,
     check=None,
     files=rank_dir,

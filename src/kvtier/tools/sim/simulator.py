@@ -268,7 +268,7 @@ def _settle(manager: CacheManager, plan: StepPlan) -> None:
 
 _BOUND_PASSES = {"belady": 1, "oracle": 3, "reuse": 1}
 """Passes over the trace each offline bound replays per size (the oracle's is
-:data:`kvtier.tools.sim.bounds.ORACLE_PASSES`; ``tests/test_sim.py`` checks they agree)."""
+:data:`kvtier.tools.sim.bounds.ORACLE_PASSES`; ``tests/tools/test_sim.py`` checks they agree)."""
 
 
 class _Runner:

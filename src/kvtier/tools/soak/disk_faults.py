@@ -83,11 +83,19 @@ class DiskFaultInjector:
         with contextlib.suppress(OSError):
             os.unlink(self.path.parent / BALLAST)
 
+    def inject(self, kind: str) -> bool:
+        """One fault of ``kind`` (one of KINDS) now, in the caller's thread, uncounted;
+        False when none is possible at the moment (e.g. no valid slot yet)."""
+        faults = {"corrupt": self._corrupt, "truncate": self._truncate, "enospc": self._enospc}
+        if kind not in faults:
+            raise ValueError(f"disk faults: unknown kind {kind!r}; accepted: {KINDS}")
+        return faults[kind]()
+
     def _run(self) -> None:
         while not self._stop.wait(self._rng.expovariate(1.0 / self.interval)):
             kind = self._rng.choice(self.kinds)
             try:
-                done = getattr(self, f"_{kind}")()
+                done = self.inject(kind)
             except OSError as e:  # the engine may be reformatting or closing: try later
                 log.info("soak: %s fault not injected: %s", kind, e)
                 done = False
