@@ -94,8 +94,8 @@ class SlotIndex:
     @property
     def entries(self) -> EntryMap:
         """Key -> a view of its entry (state, slot, pins), and the run and position
-        columns behind them: to read (inspection, tests, :mod:`kvtier.tiers.index_commit`),
-        never to change past the index."""
+        columns behind them: for others to read (inspection, tests); changed only by the
+        index's own paths (its commit: :mod:`kvtier.tiers.index_commit`)."""
         return self._entries
 
     @property

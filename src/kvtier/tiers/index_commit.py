@@ -2,8 +2,10 @@
 successful keys become READY in chain order, failed ones leave with their descendants,
 and the index's listener hears each chain made READY as one run.
 
-The functions work on any :class:`Committing` index through its public face: the entry
-map (with its run and position columns) to promote keys, ``invalidate`` to drop them.
+They are the index's commit path (:meth:`~kvtier.tiers.index.SlotIndex.commit` calls
+them, nothing else changes entries this way) and take the index as a
+:class:`Committing`: they promote keys in its entry map's run columns and drop keys
+with ``invalidate``, its public removal.
 """
 
 from __future__ import annotations
