@@ -44,7 +44,7 @@ def remove_entry(index: Any, key: Key, evicted: bool) -> None:
     run's tail, its slot back to the free list; tell the listener and the policy, and
     remove a doomed parent it leaves idle. On the runs' columns (an eviction removes
     thousands)."""
-    policy = index.policy  # settled
+    policy = index.recency.settled()
     runs, positions = index._runs, index._positions
     run, pos = runs.pop(key), positions.pop(key)
     parent, slot = run.parent_at(pos), run.slots[pos]

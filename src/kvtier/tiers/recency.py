@@ -73,9 +73,8 @@ class ChainRecency:
 
     @property
     def policy(self) -> EvictionPolicy:
-        """The policy, its order settled (:meth:`settle`)."""
-        self.settle()
-        return self._policy
+        """The policy, its order settled (:meth:`settled`)."""
+        return self.settled()
 
     @policy.setter
     def policy(self, policy: EvictionPolicy) -> None:
@@ -96,6 +95,13 @@ class ChainRecency:
             self._pending = None
             self._policy.touch_many(path_to_root(self._runs, self._positions, pending[0]))
             self._memo.changed()
+
+    def settled(self) -> EvictionPolicy:
+        """:meth:`settle`, then the policy: one call where a removal (thousands in an
+        eviction) needs both."""
+        if self._pending is not None:
+            self.settle()
+        return self._policy
 
     def changed(self) -> None:
         """The policy's order may have changed (a removal, deferral, restore)."""
@@ -142,7 +148,8 @@ class ChainRecency:
         since this chain's last ``observe`` or ``touch`` covered ``keys`` (a request's hit
         is touched right after its first lookup observed it: a 128k-token hit would be
         8,192 moves)."""
-        self.settle()
+        if self._pending is not None:
+            self.settle()
         if self._memo.is_fresh(keys):
             return
         self._policy.touch_many(reversed(keys))
