@@ -23,7 +23,8 @@ from kvtier.keys import Key, chunk_keys
 from kvtier.policies import make_eviction_policy
 from kvtier.policies.chain_arc import ChainARCPolicy
 from kvtier.policies.eviction import LRUPolicy
-from kvtier.tiers.index import SlotIndex, commit_each, evict_leaves
+from kvtier.tiers.index import SlotIndex, evict_leaves
+from kvtier.tiers.index_commit import commit_each
 from kvtier.tiers.index_entry import STORING, add_child
 from kvtier.tiers.runs import Run, run_after
 
@@ -102,9 +103,9 @@ def test_a_chunked_prefill_touches_its_ancestors_once():
         for i in range(0, 16, 4):
             slots = idx.reserve(keys[i : i + 4], keys[i - 1] if i else None)
             idx.commit(keys[i : i + 4], [True] * len(slots))
-    assert policy.moved == 0 and fast._pending == (keys[11], keys[15])
+    assert policy.moved == 0 and fast.recency.pending == (keys[11], keys[15])
     assert list(fast.policy.candidates()) == list(ref.policy.candidates())
-    assert policy.moved == 12 and fast._pending is None
+    assert policy.moved == 12 and fast.recency.pending is None
 
 
 def chains() -> list[list[Key]]:
@@ -126,7 +127,7 @@ def state(idx: SlotIndex, settled: bool = True) -> Any:
     }
     runs = {k: e.run.keys for k, e in idx.entries.items()}
     order = list(idx.policy.candidates()) if settled else None
-    return entries, runs, idx._free, order, idx.evictions
+    return entries, runs, idx.free_slot_order, order, idx.evictions
 
 
 ops = st.lists(

@@ -20,17 +20,18 @@ Invariants (checked by :meth:`SlotIndex.check`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import compress, count
 from operator import itemgetter
 
 from kvtier.contract import IndexListener
 from kvtier.keys import Key
 from kvtier.policies.eviction import EvictionPolicy
-from kvtier.tiers.index_entry import READY, STORING, EntryMap, IndexEntry, add_child
+from kvtier.tiers.index_commit import commit_chain
+from kvtier.tiers.index_entry import READY, STORING, EntryMap, add_child
 from kvtier.tiers.index_removal import drop_subtree, remove_entry
 from kvtier.tiers.index_restore import check_index, restore_entries
-from kvtier.tiers.recency import RecencyMemo
+from kvtier.tiers.recency import ChainRecency
 from kvtier.tiers.runs import Run, run_after, run_slots
 
 
@@ -44,11 +45,6 @@ class SlotIndex:
         if num_slots < 0:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
         self.num_slots = num_slots
-        self._policy = policy
-        self._pending: tuple[Key, Key] | None = None
-        """A deferred ancestor touch (:meth:`reserve`): ``(parent, last)``, the path from
-        ``parent`` to the root still to be touched, and the deepest key that reservation
-        added, where the same chain's next store continues."""
         self._entries = EntryMap()  # key -> a view; the store paths use its two dicts:
         self._runs, self._positions = self._entries.runs, self._entries.positions
         self._slots: dict[Key, int] = {}
@@ -62,38 +58,29 @@ class SlotIndex:
         """Keep ``(key, slot, parent)`` of every evicted key for :meth:`take_evicted`
         (write-back demotes them); off by default, so nothing accumulates unread."""
         self._evicted: list[tuple[Key, int, Key | None]] = []
-        self.recency = RecencyMemo()
-        """Told of every change of the policy's order, so a no-op touch is skipped."""
+        self.recency = ChainRecency(policy, self._entries)
+        """The policy's recency order: deferred ancestor touches, no-op touches skipped;
+        told of every change of the order made past it (``recency.changed()``)."""
         self.listener: IndexListener | None = None
         """Told when a key becomes readable, stops being readable, or leaves (tier events,
         :mod:`kvtier.tier_events`); None (default) costs one test per change."""
 
     @property
     def policy(self) -> EvictionPolicy:
-        """The eviction policy, its order settled (:meth:`settle`): what it shows is what
-        touching at once would have left."""
-        self.settle()
-        return self._policy
+        """The eviction policy, its order settled (:attr:`ChainRecency.policy`)."""
+        return self.recency.policy
 
     @policy.setter
     def policy(self, policy: EvictionPolicy) -> None:
-        self.settle()
-        self._policy = policy
+        self.recency.policy = policy
 
     def settle(self) -> None:
-        """Do the ancestor touch a reservation deferred, if any (see :meth:`reserve`).
-        Every use of the policy but a reservation continuing the same chain does this
-        first; a request's end does too, so its cost stays with the request."""
-        pending = self._pending
-        if pending is not None:
-            self._pending = None
-            self._touch_ancestors(pending[0])
-            self.recency.changed()
+        """Do the ancestor touch a reservation deferred (:meth:`ChainRecency.stored`);
+        a request's end does too, so its cost stays with the request."""
+        self.recency.settle()
 
     def admit_chain(self, keys: Sequence[Key]) -> int:
-        """The policy's :meth:`~kvtier.policies.eviction.EvictionPolicy.admit_chain`,
-        without settling: admission reads no recency order (the policy's contract)."""
-        return self._policy.admit_chain(keys)
+        return self.recency.admit_chain(keys)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -105,9 +92,16 @@ class SlotIndex:
         return len(self._free)
 
     @property
-    def entries(self) -> Mapping[Key, IndexEntry]:
-        """Key -> a read-only view of its entry (state, slot, pins): inspection and tests."""
+    def entries(self) -> EntryMap:
+        """Key -> a view of its entry (state, slot, pins), and the run and position
+        columns behind them: for others to read (inspection, tests); changed only by the
+        index's own paths (its commit: :mod:`kvtier.tiers.index_commit`)."""
         return self._entries
+
+    @property
+    def free_slot_order(self) -> tuple[int, ...]:
+        """The free slots, the next one handed out last (inspection and tests)."""
+        return tuple(self._free)
 
     def is_ready(self, key: Key) -> bool:
         run = self._runs.get(key)
@@ -200,9 +194,7 @@ class SlotIndex:
             return []
         free = self._free
         need = len(keys) - len(free)
-        pending = self._pending
-        if pending is not None and (need > 0 or pending[1] != parent):
-            self.settle()  # not the same chain's next store: the order is read or changed
+        self.recency.before_store(parent, evicting=need > 0)
         if need > 0:
             evict_leaves(self, need, protect=parent)
         n = min(len(keys), len(free))
@@ -219,25 +211,9 @@ class SlotIndex:
         self._slots.update(zip(keys, slots, strict=True))
         if parent is not None and n:
             add_child(self._entries[parent], keys[0], pos)
-        # The policy inserts children first (by default), then the existing ancestors are
-        # touched: every ancestor stays more recent than its descendants, so recency orders
-        # meet leaves first and eviction never has to scan past inner nodes.
-        self._policy.insert_chain(keys, parent)
-        # The touch is deferred: a chunked prefill stores its chain over many steps, and
-        # touching every ancestor at each was O(chain) per step. The next store of the same
-        # chain (under the last key stored here) touches a superset of these keys, tail
-        # first, after its own insert, which leaves exactly the order touching now would:
-        # each touched key ends at the recent end wherever it was, and an insert reads
-        # membership, never order (the policy's contract). Anything else settles first.
-        if parent is not None:
-            self._pending = (parent, keys[-1] if keys else parent)
-        self.recency.changed()
+        # Ancestors stay more recent than their descendants, their touch deferred.
+        self.recency.stored(keys, parent)
         return slots
-
-    def _touch_ancestors(self, key: Key | None) -> None:
-        """Touch ``key`` and its ancestors, deepest first (:func:`path_to_root`)."""
-        if key is not None:
-            self._policy.touch_many(path_to_root(self, key))
 
     def commit(self, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
         """Finish stores: successful keys become READY, failed ones are dropped with their
@@ -254,14 +230,7 @@ class SlotIndex:
 
     def pin(self, keys: Iterable[Key]) -> list[int]:
         """Protect READY keys from eviction while a load reads them; returns their slots."""
-        slots = []
-        for key in keys:
-            e = self._entries[key]
-            if e.state != READY or e.doomed:
-                raise KeyError("pin: key is not ready")
-            e.pins += 1
-            slots.append(e.slot)
-        return slots
+        return self._entries.pin(keys)
 
     def hold(self, key: Key) -> bool:
         self.pin((key,))
@@ -272,39 +241,18 @@ class SlotIndex:
 
     def unpin(self, keys: Iterable[Key]) -> None:
         for key in keys:
-            e = self._entries.get(key)
-            if e is None:
-                continue
-            e.pins -= 1
-            if e.pins == 0 and e.doomed:
+            if self._entries.unpin(key):
                 self._drop(key)
 
     def observe(self, keys: Sequence[Key]) -> None:
         """One request's use of its chain ``keys`` (root first), for the eviction policy's
         reuse counting. Call once per request, before touching its hit."""
-        held = self.prefix_len(keys)
-        policy = self.policy  # settled
-        policy.observe(keys, held)
-        if policy.observe_refreshes:
-            self.recency.refreshed(keys, held)
-        else:
-            self.recency.changed()
+        self.recency.observe(keys, self.prefix_len(keys))
 
     def touch(self, keys: Sequence[Key]) -> None:
         """Refresh the recency of a chain prefix ``keys`` (which must start at the chain's
-        root); not a use (see :meth:`observe`).
-
-        Tail first, so ancestors end up the most recent (see :meth:`reserve`). Skipped, as
-        the no-op it would be, when nothing changed the order since this chain's last
-        ``observe`` or ``touch`` covered ``keys``: a request's hit is touched when vLLM
-        allocates its blocks, right after its first lookup observed the chain (a 128k-token
-        hit would be 8,192 moves).
-        """
-        self.settle()
-        if self.recency.is_fresh(keys):
-            return
-        self._policy.touch_many(reversed(keys))
-        self.recency.refreshed(keys, len(keys))
+        root); not a use (see :meth:`observe`): :meth:`ChainRecency.touch`."""
+        self.recency.touch(keys)
 
     # -- removal ---------------------------------------------------------------------------
 
@@ -332,150 +280,6 @@ class SlotIndex:
     def check(self) -> None:
         """Raise AssertionError if an invariant is broken (tests and debugging)."""
         check_index(self, self._entries, self._free)
-
-
-def path_to_root(index: SlotIndex, key: Key) -> list[Key]:
-    """``key`` and its ancestors, deepest first: one slice per run the path passes through,
-    for one ``touch_many``, where a key at a time cost a Python call per ancestor (a
-    128k-token prefill's later steps touch thousands)."""
-    parts: list[list[Key]] = []
-    runs, positions = index._runs, index._positions
-    k: Key | None = key
-    while k is not None:
-        run, pos = runs[k], positions[k]
-        keys = run.keys
-        parts.append(keys[pos::-1] if pos + 1 < len(keys) else keys[::-1])
-        k = run.parent
-    return parts[0] if len(parts) == 1 else [x for p in parts for x in p]
-
-
-def commit_chain(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
-    """:meth:`SlotIndex.commit`. In-order promotions (each key's parent READY when the loop
-    reaches it, no waiting child) are the fast path: nothing is recorded for them, and
-    ``tell_ready`` finds them as the head of ``keys``; anything else starts recording."""
-    if commit_run(index, keys, ok):
-        return []
-    return commit_each(index, keys, ok)
-
-
-def commit_each(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> list[Key]:
-    """:func:`commit_chain` key by key: any order, failures, waiting children."""
-    dropped: list[Key] = []
-    entries, listener = index._entries, index.listener
-    rec: list[Key] | None = None  # with a listener, once the order broke: READY since
-    head = i = 0  # keys promoted in order before that
-    for i, (key, success) in enumerate(zip(keys, ok, strict=True)):
-        e = entries.get(key)
-        if e is None or e.state != STORING:
-            if listener is not None and rec is None:
-                rec, head = [], i
-            continue
-        if not success or e.doomed or (e.parent is not None and e.parent not in entries):
-            e.done = True  # its write is over: its slot may be reused now
-            if listener is not None:
-                if rec is None:
-                    rec, head = [], i
-                tell_ready(listener, entries, keys, head, rec)
-                head = 0
-            dropped.extend(index._drop(key))
-            continue
-        e.done = True
-        if e.parent is None or entries[e.parent].state == READY:
-            e.state = READY
-            e.done = False
-            if rec is not None:
-                rec.append(key)
-            for c in e.children:
-                ce = entries[c]
-                if ce.done and not ce.doomed:  # its store ended first: ready now too
-                    if listener is not None and rec is None:
-                        rec, head = [], i + 1
-                    promote(entries, c, rec)
-        elif listener is not None and rec is None:
-            rec, head = [], i
-    if listener is not None:
-        if rec is None:
-            rec, head = [], (i + 1 if keys else 0)
-        tell_ready(listener, entries, keys, head, rec)
-    return dropped
-
-
-def commit_run(index: SlotIndex, keys: Sequence[Key], ok: Sequence[bool]) -> bool:
-    """:func:`commit_chain`'s usual case on its run's columns: a store's own chain, all
-    successful, every key STORING (not doomed, not waiting), consecutive members of one run
-    whose first key's parent is READY (or the root), nothing branching off it, and the
-    member after the last (the same chain's next store, when that was reserved before this
-    commit came) not waiting to be promoted. Then every key becomes READY, exactly as the
-    general loop would make them, in one slice assignment; False (nothing done) when the
-    case does not apply."""
-    n = len(keys)
-    if n == 0 or False in ok:
-        return False
-    run = index._runs.get(keys[0])
-    if run is None:
-        return False
-    pos = index._positions[keys[0]]
-    end = pos + n
-    members = run.keys
-    if end > len(members) or members[pos:end] != (keys if isinstance(keys, list) else [*keys]):
-        return False  # not one path of the tree
-    parent = run.parent_at(pos)
-    if parent is not None:
-        prun = index._runs.get(parent)
-        if prun is None or prun.state[index._positions[parent]] != READY:
-            return False
-    state = run.state
-    if state.find(READY, pos, end) >= 0 or end in run.done:
-        return False  # a key settled already, or a waiting child to promote: the loop
-    if any(pos <= p < end for m in (run.doomed, run.done, run.branches) for p in m):
-        return False  # a key doomed or waiting, or a branch: the general loop
-    state[pos:end] = bytes([READY]) * n
-    if index.listener is not None:
-        tell_ready(index.listener, index._entries, keys, n, [])
-    return True
-
-
-def promote(entries: Mapping[Key, IndexEntry], key: Key, rec: list[Key] | None) -> None:
-    """Make ``key`` READY, and the descendants whose stores ended while they waited for it,
-    depth first (every parent before its children), appending them to ``rec``."""
-    stack = [key]
-    while stack:
-        k = stack.pop()
-        e = entries[k]
-        e.state = READY
-        e.done = False
-        if rec is not None:
-            rec.append(k)
-        stack.extend(c for c in e.children if entries[c].done and not entries[c].doomed)
-
-
-def tell_ready(
-    listener: IndexListener,
-    entries: Mapping[Key, IndexEntry],
-    keys: Sequence[Key],
-    head: int,
-    rec: list[Key],
-) -> None:
-    """Tell ``listener`` what a commit made READY: ``keys[:head]``, promoted in order, then
-    ``rec``; as chains, one ``ready_run`` each. The head is one chain when it is the run of
-    the index it starts in (one C-level comparison); ``rec`` is cut where a key's parent is
-    not the key before it. Empties ``rec``."""
-    chains: list[list[Key]] = []
-    if head:
-        e0 = entries[keys[0]]
-        part = e0.run.keys[e0.pos : e0.pos + head]
-        if part == (keys if head == len(keys) else keys[:head]):
-            chains.append(part)
-        else:
-            rec[:0] = keys[:head]  # not one path (not a store's chain): as any keys
-    for k in rec:
-        if chains and chains[-1][-1] == entries[k].parent:
-            chains[-1].append(k)
-        else:
-            chains.append([k])
-    rec.clear()
-    for chain in chains:
-        listener.ready_run(chain)
 
 
 def evict_leaves(index: SlotIndex, n: int, protect: Key | None) -> list[Key]:

@@ -9,7 +9,7 @@ pins, checks); the store paths work on the runs' columns directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import count, repeat
 
 from kvtier.keys import Key
@@ -149,3 +149,24 @@ class EntryMap(Mapping[Key, IndexEntry]):
 
     def discard(self, key: Key) -> None:
         del self.runs[key], self.positions[key]
+
+    def pin(self, keys: Iterable[Key]) -> list[int]:
+        """One more load reads each of ``keys``, which must be READY and not doomed
+        (KeyError at the first that is not); their slots."""
+        slots = []
+        for key in keys:
+            e = self[key]
+            if e.state != READY or e.doomed:
+                raise KeyError("pin: key is not ready")
+            e.pins += 1
+            slots.append(e.slot)
+        return slots
+
+    def unpin(self, key: Key) -> bool:
+        """A load of ``key`` ended (an absent key is skipped): whether that was the last
+        load of a doomed key, which the index must then remove."""
+        e = self.get(key)
+        if e is None:
+            return False
+        e.pins -= 1
+        return e.pins == 0 and e.doomed

@@ -44,7 +44,7 @@ def remove_entry(index: Any, key: Key, evicted: bool) -> None:
     run's tail, its slot back to the free list; tell the listener and the policy, and
     remove a doomed parent it leaves idle. On the runs' columns (an eviction removes
     thousands)."""
-    index.settle()
+    policy = index.recency.settled()
     runs, positions = index._runs, index._positions
     run, pos = runs.pop(key), positions.pop(key)
     parent, slot = run.parent_at(pos), run.slots[pos]
@@ -64,9 +64,9 @@ def remove_entry(index: Any, key: Key, evicted: bool) -> None:
             else:
                 del prun.branches[ppos]
         if not prun.has_children(ppos):
-            index._policy.on_leaf(parent)
+            policy.on_leaf(parent)
             if ppos in prun.doomed and ppos not in prun.pins and not prun.writing(ppos):
                 index._remove(parent, evicted=False)
-    index._policy.remove(key, evicted=evicted)
+    policy.remove(key, evicted=evicted)
     index.recency.changed()
     index._free.append(slot)

@@ -1,35 +1,19 @@
-"""The worker-side transfer engine: copy queues (lanes) and the job bookkeeping around them.
+"""The worker-side transfer engine: copy lanes (:mod:`kvtier.transfer.lanes`) and the job
+bookkeeping around them (:mod:`kvtier.transfer.completions`).
 
-- The *expedited* queue runs sync loads (hits loaded within the step). It has its own
-  thread (and CUDA stream), so a sync load never waits behind queued async work.
-- The *load* queue runs async loads from the first store (host memory), the *io-load*
-  queue async loads from any other local store (disk, in-process shared): a request waiting
-  for its KV never queues behind stores, a write-through or a slow read (a busy engine
-  queues stores every step, and a waiting request costs TTFT, a late store only a later hit).
-- The *normal* queue runs stores into the first store (a CPU-tier row copy from host KV
-  runs on the submitting thread instead when the queue is idle: ``inline_stores``), the
-  *io* queue stores and copies touching any other local store, each in submission order.
-- The *net-load* and *net* queues (only when a store says ``network = True``: remote tiers)
-  run the loads, and the stores and copies, touching a network store, so a slow or dead
-  server never holds up disk I/O, nor disk I/O the network.
-
-Loads and stores never touch the same engine blocks or tier slots at once (a loaded
-slot is pinned until its load is reported; a chunk is a hit only once its store is
-reported), so the lanes need no ordering between them beyond a job's ``after``.
-
-On CUDA each queue issues its copies on its own stream after waiting for the work the
-engine had queued on the compute stream when the job was submitted (zeroed blocks, this
-step's KV writes), then waits for its own event, off the engine's thread.
+Sync loads run on a lane of their own, async loads never queue behind stores, and jobs
+touching a slower or a network store never hold up host-memory copies (the lanes'
+module docstring). Loads and stores never touch the same engine blocks or tier slots at
+once (a loaded slot is pinned until its load is reported; a chunk is a hit only once its
+store is reported), so the lanes need no ordering between them beyond a job's ``after``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -37,9 +21,11 @@ import torch
 from kvtier import timeline
 from kvtier.contract import SlotStore
 from kvtier.jobs import JobResult, TransferJob
+from kvtier.transfer.completions import Completions
 from kvtier.transfer.copy import copy_segments
 from kvtier.transfer.groups import GroupedRegions
-from kvtier.transfer.host_memory import alloc_host_buffer, cuda_available
+from kvtier.transfer.host_memory import alloc_host_buffer
+from kvtier.transfer.lanes import Lane, Lanes, failed
 from kvtier.transfer.layered import LayeredLoad
 from kvtier.transfer.plans import make_plan, run_plan, split_by_layer
 from kvtier.transfer.regions import KVRegions
@@ -58,76 +44,6 @@ _PLAN_ON_QUEUE = object()
 """Marks a job whose copy plan is built by its queue thread."""
 
 
-class _Queue:
-    """One worker thread executing jobs in order; a job with ``after`` first waits for
-    those jobs (which run on other queues) to finish."""
-
-    def __init__(
-        self,
-        name: str,
-        run: Callable[[TransferJob, Any, Any], JobResult | list[JobResult]],
-        done: Callable[[JobResult], None],
-        wait: Callable[[list[int]], object],
-    ) -> None:
-        self._run = run
-        self.name = name
-        self._done = done
-        self._wait = wait
-        self._jobs: deque[tuple[TransferJob, Any, Any]] = deque()
-        self._cond = threading.Condition()
-        self._stop = False
-        self.stream: Any = torch.cuda.Stream() if cuda_available() else None  # type: ignore[no-untyped-call]
-        self._thread = threading.Thread(target=self._loop, name=f"kvtier-{name}", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: TransferJob, prepared: Any) -> None:
-        ready = None
-        if self.stream is not None:
-            # Order after everything the engine queued so far on its current stream.
-            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ready.record()
-        with self._cond:
-            self._jobs.append((job, prepared, ready))
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._jobs and not self._stop:
-                    self._cond.wait()
-                if not self._jobs:
-                    return
-                job, prepared, ready = self._jobs[0]
-            if job.after:
-                self._wait(job.after)  # jobs on other queues; never the other way round
-            jobs = prepared.jobs if isinstance(prepared, LayeredLoad) else [job]
-            try:
-                result = self._run(job, prepared, (self.stream, ready))
-                results = result if isinstance(result, list) else [result]
-            except Exception:  # a bug or device fault: the job fails, the engine lives
-                log.exception("kvtier: transfer job %d failed", job.job_id)
-                results = [_failed(j) for j in jobs]
-            finally:
-                if isinstance(prepared, LayeredLoad):
-                    prepared.finished()  # never leave the forward waiting
-            with self._cond:
-                self._jobs.popleft()
-            for r in results:
-                self._done(r)
-
-    def idle(self) -> bool:
-        """Whether no job is queued or running here (a running job stays queued until it
-        is done)."""
-        with self._cond:
-            return not self._jobs
-
-    def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(timeout=60)
-
-
 def _run_layered(
     unit: LayeredLoad, ctx: Any, run_checked: Any, block_bytes: int
 ) -> list[JobResult]:
@@ -141,10 +57,6 @@ def _run_layered(
         return unit.run(run_checked, block_bytes, fence=stream.synchronize)
 
 
-def _failed(job: TransferJob) -> JobResult:
-    return JobResult.of(job, [False] * len(job.keys), 0, 0.0)
-
-
 class TransferEngine:
     """Executes TransferJobs between engine KV regions and tier stores.
 
@@ -152,30 +64,18 @@ class TransferEngine:
     Failure granularity: per chunk (``JobResult.ok``); an exception inside a job fails the
     whole job and is logged, never raised into the engine. Thread-safety: ``submit``,
     ``poll`` and ``wait`` are called from the engine's thread; results are produced on the
-    queue threads.
+    lane threads (:class:`~kvtier.transfer.lanes.Lanes`).
     """
 
     def __init__(self, regions: AnyRegions, stores: Mapping[str, SlotStore], blocks_per_chunk: int):
         self.regions = regions
         self.stores = dict(stores)
         self.blocks_per_chunk = blocks_per_chunk
-        self._done_cond = threading.Condition()
-        self._results: list[JobResult] = []
-        self._finished: set[int] = set()
-        self._pending: set[int] = set()
-        self._normal = _Queue("normal", self._execute, self._on_done, self.wait)
-        self._expedited = _Queue("expedited", self._execute, self._on_done, self.wait)
-        self._loads = _Queue("load", self._execute, self._on_done, self.wait)
-        # Jobs touching a slower store (disk, shared) get their own queues, so slow I/O
-        # never holds up memory copies queued behind it.
-        self._io = _Queue("io", self._execute, self._on_done, self.wait)
-        self._io_loads = _Queue("io-load", self._execute, self._on_done, self.wait)
-        self._net: _Queue | None = None
-        self._net_loads: _Queue | None = None
-        if any(s.network for s in self.stores.values()):
-            self._net = _Queue("net", self._execute, self._on_done, self.wait)
-            self._net_loads = _Queue("net-load", self._execute, self._on_done, self.wait)
-        self.primary = next(iter(self.stores), "")
+        self.completions = Completions()
+        """The jobs in flight and the results not polled yet."""
+        self.lanes = Lanes(
+            self.stores, self._execute, self.completions.ended, self.completions.wait
+        )
         self.load_bandwidth: float | None = None
         self.inline_stores = os.environ.get("KVTIER_INLINE_STORES", "1") != "0"
         """Stores into the first tier that are CPU-tier row copies from host-memory KV run
@@ -207,16 +107,15 @@ class TransferEngine:
             except Exception:
                 log.exception("kvtier: cannot plan transfer job %d", job.job_id)
                 prepared = None
-        with self._done_cond:
-            self._pending.add(job.job_id)
+        self.completions.started((job.job_id,))
         timeline.event("copy.submit", job=job.job_id, req=job.req_id, kind=job.kind, sync=job.sync)
-        queue = self._queue_of(job)
+        queue = self.lanes.of(job)
         if self._runs_inline(job, prepared, queue):
             self._run_inline(job, prepared)
             return
         queue.submit(job, prepared)
 
-    def _runs_inline(self, job: TransferJob, prepared: Any, queue: _Queue) -> bool:
+    def _runs_inline(self, job: TransferJob, prepared: Any, queue: Lane) -> bool:
         """Whether a store runs on the caller's thread (see ``inline_stores``): a CPU-tier
         row copy from host-memory KV, waiting for no other job, with its lane idle (so it
         overtakes nothing queued there)."""
@@ -226,7 +125,7 @@ class TransferEngine:
             and not job.after
             and isinstance(prepared, tuple)
             and prepared[0] == "rows"
-            and queue is self._normal
+            and queue is self.lanes.normal
             and queue.idle()
         )
 
@@ -236,9 +135,9 @@ class TransferEngine:
             results = got if isinstance(got, list) else [got]
         except Exception:  # as on a queue: the job fails, the engine lives
             log.exception("kvtier: transfer job %d failed", job.job_id)
-            results = [_failed(job)]
+            results = [failed(job)]
         for r in results:
-            self._on_done(r)
+            self.completions.ended(r)
 
     def submit_layered(
         self, jobs: list[TransferJob], layers: list[list[int]]
@@ -266,80 +165,35 @@ class TransferEngine:
                 return None
             plans.append(split)
         unit = LayeredLoad(jobs, plans, layers)
-        with self._done_cond:
-            self._pending.update(j.job_id for j in jobs)
+        self.completions.started(j.job_id for j in jobs)
         timeline.event("copy.submit_layered", jobs=[j.job_id for j in jobs], layers=len(layers))
-        self._expedited.submit(jobs[0], unit)
+        self.lanes.expedited.submit(jobs[0], unit)
         return unit
 
     def lane_of(self, job: TransferJob) -> str:
         """The name of the lane (queue thread) ``job`` runs on: "expedited" (sync loads),
         "load" / "normal" (the first tier's loads / stores), "io-load" / "io" (other
         tiers' and copies), "net-load" / "net" (jobs touching a network store)."""
-        return self._queue_of(job).name
-
-    def _queue_of(self, job: TransferJob) -> _Queue:
-        if job.sync:
-            return self._expedited
-        load = job.kind == "load"
-        if self._net is not None and any(
-            t in self.stores and self.stores[t].network for t in (job.tier, job.dst_tier)
-        ):
-            return self._net_loads if load and self._net_loads is not None else self._net
-        slow = job.kind == "copy" or job.tier != self.primary
-        if load:
-            return self._io_loads if slow else self._loads
-        return self._io if slow else self._normal
-
-    def _on_done(self, result: JobResult) -> None:
-        with self._done_cond:
-            self._pending.discard(result.job_id)
-            self._finished.add(result.job_id)
-            self._results.append(result)
-            self._done_cond.notify_all()
+        return self.lanes.of(job).name
 
     def poll(self) -> list[JobResult]:
         """Results finished since the last poll."""
-        with self._done_cond:
-            out, self._results = self._results, []
-            self._finished.difference_update(r.job_id for r in out)
-        return out
+        return self.completions.poll()
 
     def wait(self, job_ids: Iterable[int], timeout: float | None = None) -> bool:
         """Block until the given jobs finished (results stay available to ``poll``)."""
-        ids = set(job_ids)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._done_cond:
-            while ids & self._pending:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._done_cond.wait(remaining)
-        return True
+        return self.completions.wait(job_ids, timeout)
 
     def wait_any(self, job_ids: Iterable[int], timeout: float) -> bool:
-        """Block until one of the given jobs finished (or none is pending), at most
-        ``timeout`` seconds; whether one did."""
-        ids = set(job_ids)
-        deadline = time.monotonic() + timeout
-        with self._done_cond:
-            while ids <= self._pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._done_cond.wait(remaining)
-        return True
+        """:meth:`Completions.wait_any`."""
+        return self.completions.wait_any(job_ids, timeout)
 
     def pending(self) -> set[int]:
-        with self._done_cond:
-            return set(self._pending)
+        return self.completions.pending()
 
     def close(self) -> None:
         """Finish queued jobs, stop the threads."""
-        queues = [self._expedited, self._loads, self._normal, self._io_loads, self._io]
-        for q in (*queues, self._net_loads, self._net):
-            if q is not None:
-                q.close()
+        self.lanes.close()
         for store in self.stores.values():
             store.close()
 

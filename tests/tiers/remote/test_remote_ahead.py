@@ -236,7 +236,7 @@ def test_values_sealed_ahead_and_inline_are_one_format(server, mode):  # noqa: F
         assert all(inline.read([0] * n, fresh, [[(0, row)] for row in back]))
         assert torch.equal(back[:, : CHUNK_BYTES // 4], data[:, : CHUNK_BYTES // 4])
         assert inline.auth_failures == ahead.auth_failures == small.auth_failures == 0
-        assert inline._ahead is None and ahead._ahead is not None  # each took its path
+        assert not inline.threads.sealing_ahead and ahead.threads.sealing_ahead  # each its path
     finally:
         for s in (ahead, inline, small):
             s.close()

@@ -121,7 +121,7 @@ def test_planted_values_never_load_stall_or_stay(server, secrets, mode, data):  
     reads1 = int(admin.info("commandstats")["cmdstat_getrange"]["calls"])
     for e in (b, c):
         assert_clean(e)  # no attended token over anything but the oracle's KV
-        assert e.stores["redis"].client._down_until == 0.0  # type: ignore[attr-defined]
+        assert e.stores["redis"].client.down_until == 0.0  # type: ignore[attr-defined]
         e.close()
     # Bounded client memory: per value read at most good_len + 1 bytes (+ 16 of framing);
     # 256 KiB for every other reply (probes, EXISTS, SET acks, the INFO replies).

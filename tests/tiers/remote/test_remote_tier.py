@@ -20,6 +20,7 @@ from kvtier.tiers.envelope import HEADER_BYTES
 from kvtier.tiers.remote import KeySpace, RemoteClient, RemoteIndex, RemoteStore, parse_remote_url
 from kvtier.tiers.remote import client as client_module
 from kvtier.tiers.remote import plain as plain_module
+from kvtier.tiers.remote import probe as probe_module
 from kvtier.tiers.remote.client import RemoteUnavailable
 from kvtier.tools.redis_server import RedisCluster, RedisServer
 from tests.support.redis_fixtures import (  # noqa: F401  (fixtures)
@@ -159,8 +160,8 @@ def test_password_never_appears_in_logs_or_errors(caplog):
     data=st.data(),
     n=st.sampled_from([1, 3, 255, 256, 257, 700]),
     world=st.integers(1, 3),
-    window=st.sampled_from([client_module.COUNT_WINDOW, 97]),
-    depth=st.sampled_from([client_module.COUNT_DEPTH, 2]),
+    window=st.sampled_from([probe_module.COUNT_WINDOW, 97]),
+    depth=st.sampled_from([probe_module.COUNT_DEPTH, 2]),
 )
 def test_probe_finds_the_first_chunk_missing_on_any_rank(
     server,  # noqa: F811
@@ -180,8 +181,8 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
     flush(url)
     space = KeySpace(NAMESPACE)
     client = RemoteClient(parse_remote_url(url), timeout_s=5)
-    saved = client_module.COUNT_WINDOW, client_module.COUNT_DEPTH
-    client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = window, depth
+    saved = probe_module.COUNT_WINDOW, probe_module.COUNT_DEPTH
+    probe_module.COUNT_WINDOW, probe_module.COUNT_DEPTH = window, depth
     try:
         keys = chain(n, salt=data.draw(st.integers(0, 1 << 30)))
         holes = data.draw(
@@ -210,12 +211,12 @@ def test_probe_finds_the_first_chunk_missing_on_any_rank(
             assert client.leading(*args) == want
             # ... reloading the script, not giving it up as a deployment with scripting
             # disabled makes it do (pipelined EXISTS from then on).
-            assert client._script_ok
+            assert client.probe.script_ok
         # Where scripting is refused: every name's EXISTS, pipelined through the library.
-        client._script_ok = False
+        client.probe.refuse_scripts()
         assert client.leading(*args) == want
     finally:
-        client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved
+        probe_module.COUNT_WINDOW, probe_module.COUNT_DEPTH = saved
         client.close()
 
 
@@ -259,8 +260,8 @@ def test_probe_goes_on_past_its_first_pipelined_group(server, hole):  # noqa: F8
     flush(server.url)
     space = KeySpace(NAMESPACE)
     client = RemoteClient(parse_remote_url(server.url), timeout_s=5)
-    saved = client_module.COUNT_WINDOW, client_module.COUNT_DEPTH
-    client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = 97, 2
+    saved = probe_module.COUNT_WINDOW, probe_module.COUNT_DEPTH
+    probe_module.COUNT_WINDOW, probe_module.COUNT_DEPTH = 97, 2
     try:
         keys = chain(700, salt=hole or 0)
         names = [
@@ -271,7 +272,7 @@ def test_probe_goes_on_past_its_first_pipelined_group(server, hole):  # noqa: F8
         got = client.leading(space.prefix, space.mids(keys), space.width, space.suffixes(2))
         assert got == (700 if hole is None else hole)
     finally:
-        client_module.COUNT_WINDOW, client_module.COUNT_DEPTH = saved
+        probe_module.COUNT_WINDOW, probe_module.COUNT_DEPTH = saved
         client.close()
 
 
@@ -319,7 +320,7 @@ def test_stores_send_host_memory_as_it_is_and_zeros_where_it_has_none(server):  
     try:
         keys, data = chain(7, salt=31), payload(7, 8)
         assert store.write([-1] * 7, keys, segs(data)) == [True] * 7
-        assert getattr(store._parts._local, "buf", None) is None
+        assert not store.parts.staging_held
         out = torch.zeros(7, CHUNK_BYTES, dtype=torch.uint8)
         assert store.read([-1] * 7, keys, segs(out)) == [True] * 7 and torch.equal(out, data)
         # Only the middle of the payload given: the rest must come back zero, not the

@@ -193,3 +193,53 @@ class _Batch:
                 self.free.append(slot)
                 if self.helper_waits and len(self.free) >= self.wake_at:
                     self.room.notify()
+
+
+class HelperThreads:
+    """A store's helper threads, each started on first use and shut by :meth:`close`: the
+    *sealer* (:class:`SealAhead`, for values of ``seal_from`` bytes and more; None: every
+    value sealed inline) and the *opener* (``open_ahead``: sealed values opened while the
+    next reply is read). Thread-safe."""
+
+    def __init__(self, value_bytes: int, seal_from: int | None, open_ahead: bool) -> None:
+        self.value_bytes = value_bytes
+        self.seal_from = seal_from
+        self.open_ahead = open_ahead
+        self._lock = threading.Lock()  # the sealer's start
+        self._pools_lock = threading.Lock()
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._ahead: SealAhead | None = None
+
+    @property
+    def sealing_ahead(self) -> bool:
+        """Whether a batch has been sealed ahead (the sealer started)."""
+        return self._ahead is not None
+
+    @contextlib.contextmanager
+    def sealing(self, n: int, ahead: Work, inline: Inline) -> Iterator[Inline]:
+        """``parts(j)`` for a batch of ``n`` values: sealed ahead on the sealer thread where
+        that pays, else ``inline``."""
+        least = self.seal_from
+        if n < 2 or least is None or self.value_bytes < least:
+            yield inline
+            return
+        with self._lock:
+            if self._ahead is None:
+                self._ahead = SealAhead(self._pool_of("_sealer"), self.value_bytes)
+        with self._ahead.batch(n, ahead, inline) as parts:
+            yield parts or inline
+
+    def opener(self) -> ThreadPoolExecutor | None:
+        """The opener thread; None (open inline) without ``open_ahead``."""
+        return self._pool_of("_opening") if self.open_ahead else None
+
+    def _pool_of(self, which: str) -> ThreadPoolExecutor:
+        with self._pools_lock:
+            pool = self._pools.get(which)
+            if pool is None:
+                pool = self._pools[which] = ThreadPoolExecutor(1, f"kvtier{which}")
+            return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown()

@@ -31,6 +31,11 @@ class PlainParts:
         self.checksum = checksum
         self._local = threading.local()
 
+    @property
+    def staging_held(self) -> bool:
+        """Whether the calling thread holds a staging buffer (it sent a device segment)."""
+        return getattr(self._local, "buf", None) is not None
+
     def _staging(self) -> torch.Tensor:
         """This thread's host buffer for one part of a device segment (PART_BYTES), reused
         for every part: a part is sent before the next is asked for."""

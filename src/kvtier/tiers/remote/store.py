@@ -24,12 +24,9 @@ bytes: nothing read is unpickled or evaluated.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
-import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from typing import Any, cast
 
 import numpy as np
@@ -38,9 +35,10 @@ import torch
 from kvtier.contract import Segments, SlotStore
 from kvtier.keys import Key
 from kvtier.tiers.envelope import HEADER_BYTES, unwrap
-from kvtier.tiers.remote.ahead import Inline, SealAhead, Work
+from kvtier.tiers.remote.ahead import HelperThreads
 from kvtier.tiers.remote.auth import MODE_MAC, ValueAuth
 from kvtier.tiers.remote.client import RemoteClient, RemoteUnavailable
+from kvtier.tiers.remote.heal import Healer
 from kvtier.tiers.remote.keyspace import KeySpace
 from kvtier.tiers.remote.plain import PlainParts
 from kvtier.tiers.remote.streams import WRONG_TYPE
@@ -58,9 +56,6 @@ sends (:mod:`kvtier.tiers.remote.ahead`); shorter ones inline, where a hand-off 
 weighs more per byte. The measurement behind the threshold
 (``benchmarks/remote_tier.py --inline-sealing``) is in docs/benchmarks.md, "Measurements
 behind design choices"."""
-
-SUSPECTS_MAX = 1 << 16
-"""Names remembered as holding a bad value (forgotten all at once past this)."""
 
 
 class RemoteStore(SlotStore):
@@ -115,25 +110,21 @@ class RemoteStore(SlotStore):
         """Values present whose MAC or AES-GCM tag failed (forged, changed, moved)."""
         self.bad_values = 0
         """Values present that failed another check (truncated, foreign, checksum)."""
-        self.healed = 0
-        """Bad values deleted after they were read (names that existed when deleted)."""
-        self._suspects: set[bytes] = set()
-        # Ticks of this store's SETs (at start and end) and the names being set: a bad
-        # value read while this store was setting that name is not deleted (the delete
-        # could land after the honest value).
-        self._ticks = itertools.count(1)
-        self._tick = 0
-        self._set_at: dict[bytes, int] = {}
-        self._setting: set[bytes] = set()
+        self.healer = Healer(client)
+        """Bad values deleted after a read, their names set again (``healer.healed``)."""
         self._reported: dict[str, int] = {}
         # Under a tag, the envelope's own payload checksum would be a second pass over
         # every byte that detects nothing the tag does not.
-        self._parts = PlainParts(slot_bytes, checksum=auth is None)
-        self._lock = threading.Lock()
-        self._pools_lock = threading.Lock()
-        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self.parts = PlainParts(slot_bytes, checksum=auth is None)
+        """How each value is cut into parts and checksummed as it is sent (to read)."""
         self.seal_ahead_bytes = seal_ahead_bytes
-        self._ahead: SealAhead | None = None
+        sealed = auth is not None
+        self.threads = HelperThreads(
+            self.value_bytes,
+            seal_ahead_bytes if sealed else None,
+            open_ahead=sealed and self.value_bytes >= OPEN_AHEAD_BYTES,
+        )
+        """The sealer and opener threads (:mod:`kvtier.tiers.remote.ahead`)."""
 
     def _spans(self, n: int) -> list[tuple[int, int]]:
         return [(lo, min(n, lo + self.batch)) for lo in range(0, n, self.batch)]
@@ -149,23 +140,23 @@ class RemoteStore(SlotStore):
         batch cost ~5 % of a store's speed here), then the rest go in batches of one round
         trip each: each value's parts sent as they are checksummed
         (:mod:`kvtier.tiers.remote.plain`, :mod:`kvtier.tiers.remote.streams`) and sealed
-        (inline, or ahead on a helper thread: :meth:`_sealing`), the replies read at the
-        batch's end. A failed EXISTS fails the job's chunks, a failed batch its own."""
+        (inline, or ahead on a helper thread: :meth:`HelperThreads.sealing`), the replies
+        read at the batch's end. A failed EXISTS fails the job's chunks, a failed batch its own."""
         names = self.keyspace.names(keys, self.rank)
         try:
             ok = self.client.exists_each(names)
         except RemoteUnavailable:
             self.failed_writes += len(keys)
             return [False] * len(keys)
-        suspects = self._suspects
-        todo = [i for i, p in enumerate(ok) if not p or names[i] in suspects]
+        healer = self.healer
+        todo = healer.to_write(names, ok)
         self.skipped_writes += len(keys) - len(todo)
 
         auth = self.auth
 
         def plain(j: int) -> Iterator[Any]:
             i = batch[j]
-            return self._parts(keys[i], parents[i] if parents else None, src[i], self.namespace)
+            return self.parts(keys[i], parents[i] if parents else None, src[i], self.namespace)
 
         def parts(j: int) -> Iterator[Any]:
             """Value j sealed part by part as it is sent."""
@@ -182,18 +173,15 @@ class RemoteStore(SlotStore):
         for lo, hi in self._spans(len(todo)):
             batch = todo[lo:hi]
             sealed = [names[i] for i in batch]
-            self._mark(sealed, True)
             try:
-                with self._sealing(len(batch), ahead, parts) as each:
+                with healer.setting(sealed), self.threads.sealing(len(batch), ahead, parts) as each:
                     wrote = self.client.set_streamed(sealed, self.value_bytes, each, self.ttl_s)
             except RemoteUnavailable:
                 wrote = [False] * len(batch)
-            finally:
-                self._mark(sealed, False)
             for i, w in zip(batch, wrote, strict=True):
                 ok[i] = w
                 if w:
-                    suspects.discard(names[i])
+                    healer.written(names[i])
             self.failed_writes += wrote.count(False)
         return ok
 
@@ -214,8 +202,8 @@ class RemoteStore(SlotStore):
         ok: list[bool] = []
         names = self.keyspace.names(keys, self.rank)
         bad: list[bytes] = []
-        since = self._tick
-        opener = self._opener()
+        since = self.healer.tick
+        opener = self.threads.opener()
         for lo, hi in self._spans(len(keys)):
             good = [False] * (hi - lo)
             opening: list[Future[None]] = []
@@ -244,63 +232,13 @@ class RemoteStore(SlotStore):
             self.bad_reads += good.count(False)
             ok += good
         if bad:
-            self._heal(bad, since)
+            self.healer.heal(bad, since)
         return ok
 
-    @contextlib.contextmanager
-    def _sealing(self, n: int, ahead: Work, inline: Inline) -> Iterator[Inline]:
-        """``parts(j)`` for a batch of ``n``: sealed ahead on this store's sealer thread
-        where that pays (:mod:`kvtier.tiers.remote.ahead`), else ``inline``."""
-        least = self.seal_ahead_bytes
-        if self.auth is None or n < 2 or least is None or self.value_bytes < least:
-            yield inline
-            return
-        with self._lock:
-            if self._ahead is None:
-                self._ahead = SealAhead(self._pool_of("_sealer"), self.value_bytes)
-        with self._ahead.batch(n, ahead, inline) as parts:
-            yield parts or inline
-
-    def _opener(self) -> ThreadPoolExecutor | None:
-        """The thread opening this store's sealed values while the next reply is read;
-        None (open inline) without a secret or below OPEN_AHEAD_BYTES."""
-        if self.auth is None or self.value_bytes < OPEN_AHEAD_BYTES:
-            return None
-        return self._pool_of("_opening")
-
-    def _pool_of(self, which: str) -> ThreadPoolExecutor:
-        with self._pools_lock:
-            pool = self._pools.get(which)
-            if pool is None:
-                pool = self._pools[which] = ThreadPoolExecutor(1, f"kvtier{which}")
-            return pool
-
-    def _mark(self, names: list[bytes], start: bool) -> None:
-        tick = self._tick = next(self._ticks)
-        if len(self._set_at) + len(names) > SUSPECTS_MAX:
-            self._set_at.clear()
-        for name in names:
-            self._set_at[name] = tick
-            if start:
-                self._setting.add(name)
-            else:
-                self._setting.discard(name)
-
-    def _heal(self, names: list[bytes], since: int) -> None:
-        """Delete values that failed a check (read after tick ``since``), and store those
-        names again next time even if present. Names this store was setting meanwhile are
-        left alone; a delete racing another engine's honest store may drop that value: a
-        miss, never wrong bytes."""
-        names = [n for n in names if n not in self._setting and self._set_at.get(n, 0) <= since]
-        if not names:
-            return
-        if len(self._suspects) + len(names) > SUSPECTS_MAX:
-            self._suspects.clear()
-        self._suspects.update(names)
-        try:
-            self.healed += self.client.delete(names, breaker=False)
-        except RemoteUnavailable:
-            return  # the next store overwrites them anyway
+    @property
+    def healed(self) -> int:
+        """Bad values deleted after they were read (names that existed when deleted)."""
+        return self.healer.healed
 
     def take_counters(self) -> dict[str, float]:
         """Bad values and heals since the last call (the ``remote_*`` metrics)."""
@@ -349,6 +287,5 @@ class RemoteStore(SlotStore):
         return True
 
     def close(self) -> None:
-        for pool in self._pools.values():
-            pool.shutdown()
+        self.threads.close()
         self.client.close()
