@@ -10,8 +10,8 @@ import builtins
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kvtier"
-MAX_CLASS_LINES = 300
-MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 250
+MAX_MODULE_LINES = 500
 
 
 def modules() -> list[Path]:
