@@ -152,10 +152,15 @@ class BudgetTracker:
             return nbytes
         if self.bandwidth is None:
             return None
+        return int(nbytes * self.slowdown(tier))
+
+    def slowdown(self, tier: str) -> float:
+        """How many times slower than the host copy ``tier`` (not host memory) loads: as
+        measured, ``UNMEASURED_SLOWDOWN`` until both were measured."""
         bw = self.tier_bandwidth.get(tier)
-        if bw is None:
-            return int(nbytes * UNMEASURED_SLOWDOWN)
-        return int(nbytes * self.bandwidth / bw)
+        if bw is None or self.bandwidth is None:
+            return UNMEASURED_SLOWDOWN
+        return self.bandwidth / bw
 
     def observe_step(self, forward_seconds: float) -> None:
         """A measured forward pass (sync copies excluded)."""

@@ -118,7 +118,9 @@ class CacheManager:
         self.loads = LoadPlanner(*loads, self.chunk_tokens, block_tokens)
         self.loads.sync_loads = sync_loads  # False: every hit loads async
         self.budget = self.loads.budget
-        self.arrivals = Arrivals(config, layout, self.chunk_tokens, self.movement)
+        self.arrivals = Arrivals(
+            config, layout, self.chunk_tokens, self.movement, self.loads.sync_slowdown
+        )
         self.outcomes = JobOutcomes(stack, self.loads, self.movement, self.metrics)
         self.recent_hit_sources = self.loads.recent_hit_sources
         """The last requests' hit sources (inspection and tests)."""

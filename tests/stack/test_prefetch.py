@@ -112,6 +112,35 @@ def test_a_disk_prefix_is_a_host_hit_once_prefetched(tmp_path, prefetch):
         e.close()
 
 
+@pytest.mark.parametrize("disk_slowdown", [1.0, 4.0])
+def test_prefetch_only_where_a_hit_cannot_load_about_as_fast_as_host_memory(
+    tmp_path, disk_slowdown
+):
+    """A disk tier measured as fast as the host copy: its hits load within the step anyway,
+    so a waiting request is not prefetched (a copy would move its bytes twice); its hit
+    loads from disk within the step. Measured four times slower: prefetched, a host hit."""
+    e = engine(tmp_path)
+    try:
+        on_disk_only(e)
+        budget = e.manager.loads.budget
+        budget.observe_bandwidth(10e9)
+        budget.observe_tier_load("disk", 64 << 20, (64 << 20) * disk_slowdown / 10e9)
+        tokens = PROMPT + [7, 7]
+        arrive(e, "r", tokens)
+        busy(e, 1)
+        r = e.add("r", tokens)
+        e.run()
+        if disk_slowdown < 2:
+            assert metric(e, "prefetch_chunks", "disk") == 0
+            assert r.sources == {HitSource.DISK: 5 * C} and r.sync_hit == 5 * C
+        else:
+            assert metric(e, "prefetch_chunks", "disk") == 5
+            assert r.sources == {HitSource.HOST: 5 * C} and r.sync_hit == 5 * C
+        assert_clean(e)
+    finally:
+        e.close()
+
+
 def test_a_request_admitted_in_its_arrival_step_reads_its_hit_once(tmp_path):
     """Admitted in the step it arrived in: there is no wait to hide a copy in, so nothing is
     prefetched; its hit loads from where it lies (the disk), read once."""

@@ -8,7 +8,7 @@ reset need of them. Single-threaded (the scheduler's thread).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvtier.config import KVTierConfig
 from kvtier.hints import NO_HINTS, Hints
@@ -27,8 +27,15 @@ class Arrivals:
     """Prefetch and leases of one engine (see the module docstring)."""
 
     def __init__(
-        self, config: KVTierConfig, layout: KVLayout, chunk_tokens: int, movement: Movement
+        self,
+        config: KVTierConfig,
+        layout: KVLayout,
+        chunk_tokens: int,
+        movement: Movement,
+        slowdown: Callable[[str], float | None] = lambda tier: None,
     ) -> None:
+        """``slowdown``: the load planner's
+        :meth:`~kvtier.stack.loads.LoadPlanner.sync_slowdown` (what prefetch is worth)."""
         self.config = config
         self.chunk_tokens = chunk_tokens
         self.movement = movement
@@ -40,6 +47,7 @@ class Arrivals:
             step_bytes=config.prefetch_step_bytes,
             inflight_bytes=config.prefetch_inflight_bytes,
             lease_s=config.prefetch_lease_s,
+            slowdown=slowdown,
         )
         self.retention = Retention(
             first, max_share=config.retain_max_share, max_s=config.retain_max_s

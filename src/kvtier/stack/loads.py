@@ -104,6 +104,14 @@ class LoadPlanner:
         self.budget.release(req_id)
         return n, True
 
+    def sync_slowdown(self, name: str) -> float | None:
+        """How many times slower than host memory a hit in tier ``name`` loads within the
+        step (1 for host memory); None where it cannot load within the step."""
+        tier = self.stack.by_name(name)
+        if not (self.sync_loads and tier.sync_loads):
+            return None
+        return 1.0 if tier.capabilities.byte_addressable else self.budget.slowdown(name)
+
     def _sync_cost(self, hit: Hit) -> int | None:
         """The hit's charge on the step's budget if it loads within the step, or None where
         a run's tier cannot (see :meth:`plan`). Bytes are shared out among runs by tokens

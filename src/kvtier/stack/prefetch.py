@@ -7,6 +7,12 @@ would, demotions first) and one ``copy`` job per source tier, run by the workers
 lanes off the engine thread. When vLLM schedules the request, its lookup finds those chunks
 in the first tier: a host hit, loaded within the step where the sync budget allows.
 
+What: only requests part of whose hit cannot load within the step, or loads there at
+least ``WORTH_SLOWDOWN`` times slower than host memory (a Redis tier; a disk tier until
+its loads were measured, or measured slow). Where the whole hit loads within the step
+about as fast as from host memory (a disk tier reading from the page cache), a copy ahead
+would only move the bytes twice.
+
 When: at the end of the step the request arrived in (the step's plan carries the copies,
 so a copy starts no later than if it had been planned at arrival), and only if vLLM did
 not admit the request in that step. An admitted request has no wait to hide a copy in: it
@@ -51,6 +57,9 @@ from kvtier.keys import Key
 from kvtier.stack.first_tier import FirstTier
 from kvtier.stack.movement import Movement
 
+WORTH_SLOWDOWN = 2.0
+"""A prefetch pays where the source tier's hits load within the step this many times
+slower than host memory, or more (or cannot load within the step at all)."""
 MAX_WAIT_S = 2.0
 """Longest a request's lookup waits for its own prefetch copies; past that it takes its hit
 where it is now (a slow tier hung on a prefetch must not hang the request)."""
@@ -86,8 +95,12 @@ class Prefetcher:
         inflight_bytes: int,
         lease_s: float,
         clock: Callable[[], float] = time.monotonic,
+        slowdown: Callable[[str], float | None] = lambda tier: None,
     ) -> None:
         self.first = first
+        self.slowdown = slowdown
+        """How many times slower than host memory a hit in the named tier loads within the
+        step, or None where it cannot (see :meth:`_worth`); by default none can."""
         self.movement = movement
         self.chunk_bytes = max(1, chunk_bytes)
         half = first.slots // 2 * self.chunk_bytes
@@ -122,7 +135,7 @@ class Prefetcher:
         runs = self.first.stack.lookup(keys, start)
         if runs is None:
             return False  # a shared tier's probe is in flight
-        if not runs:
+        if not runs or not any(self._worth(t) for t, _, _ in runs):
             return True
         room = min(self.inflight_cap - self.inflight, self.step_cap - self._step_used)
         n = min(runs[-1][2] - start, room // self.chunk_bytes)
@@ -150,6 +163,15 @@ class Prefetcher:
                 break
             self._copy(req_id, rec, t, keys, a, b, slots[a - start : b - start])
         return end >= runs[-1][2]
+
+    def _worth(self, t: int) -> bool:
+        """Whether a hit in tier ``t`` gains from being copied up ahead: it cannot load
+        within the step, or loads there ``WORTH_SLOWDOWN`` times slower than host memory
+        or more. A request whose whole hit loads within the step about as fast as host
+        memory is not prefetched: the copy would move its bytes twice, and on a CPU
+        backend through the cores the forward computes on."""
+        slow = self.slowdown(self.first.stack[t].name)
+        return slow is None or slow >= WORTH_SLOWDOWN
 
     def _copy(
         self,
