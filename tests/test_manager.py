@@ -179,7 +179,9 @@ def test_write_through_disk_serves_what_the_cpu_tier_evicted(tmp_path):
         for i, p in enumerate(prompts):
             run_one(e, f"w{i}", p)
         m = e.manager
-        assert m.tiers[1].index.prefix_len(m.requests.open("probe").chain.keys) == 0
+        first_keys = _keys(e, prompts[0])
+        assert m.tiers[0].index.prefix_len(first_keys) == 0  # the CPU tier evicted it
+        assert m.tiers[1].index.prefix_len(first_keys) == 4  # the disk tier holds it
         first = run_one(e, "again0", prompts[0])  # evicted from CPU long ago
         assert first.sources == {HitSource.DISK: 32} and first.async_hit == 32
         # The disk hit was stored back into the CPU tier: next time it is a sync host hit.
