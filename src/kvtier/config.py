@@ -170,9 +170,10 @@ class KVTierConfig:
     while the request waits to be scheduled, so its hit loads from host memory (within
     the step where the sync budget allows). Off (default): slow-tier hits load when vLLM
     schedules the request. Turn it on where requests queue (arrivals faster than the
-    engine serves) and prefixes live in a slow tier; see docs/prefetch.md for the
-    measurements and when it does not pay. A ``prefetch_only`` hint prefetches either
-    way."""
+    engine serves) and prefixes live in a slow tier (Redis, a disk on a slow device); a
+    request admitted at once, or whose hit loads within the step about as fast as host
+    memory, is not prefetched. See docs/prefetch.md for the measurements. A
+    ``prefetch_only`` hint prefetches either way."""
 
     prefetch_step_bytes: int = 256 << 20
     """Bytes of prefetch copies planned per engine step at most (per device), so a burst of

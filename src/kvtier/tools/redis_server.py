@@ -45,12 +45,24 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (where it picks client sockets'
+    local ports); 32768 where it cannot be read."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
     """A free loopback port whose cluster bus port (+10000) is free too (Redis Cluster
-    needs both, so ports stay below 55536)."""
+    needs both). Both lie below the kernel's ephemeral range: a port in it can be taken,
+    between this check and the server's bind, by any client socket's local end (another
+    test's connection), which fails the server's start."""
     rng = random.Random()
+    top = max(11000, _ephemeral_low() - 10000)
     for _ in range(1000):
-        port = rng.randrange(20000, 45000)
+        port = rng.randrange(10000, top)
         if _bindable(port) and _bindable(port + 10000):
             return port
     raise RuntimeError("no free loopback port pair found")
@@ -91,6 +103,8 @@ class RedisServer:
         acl: Sequence[str] = (),
     ) -> None:
         self.port = port or free_port()
+        self._own_port = port is None
+        self._started = False
         self.tls = tls
         self.acl = list(acl)
         self.maxmemory = maxmemory
@@ -100,7 +114,11 @@ class RedisServer:
         self.extra = list(extra)
         self.dir = Path(tempfile.mkdtemp(prefix=f"kvtier-redis-{self.port}-"))
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     @property
     def url(self) -> str:
@@ -167,10 +185,25 @@ class RedisServer:
         return a + self.extra
 
     def start(self) -> None:
-        """Start (or restart, empty) the server and wait until it answers."""
+        """Start (or restart, empty) the server and wait until it answers. At the first
+        start, a port this object chose that another process took meanwhile is replaced
+        by another free one (a few times); a restart keeps the port its clients know."""
+        for attempt in range(5):
+            try:
+                self._start()
+                self._started = True
+                return
+            except RuntimeError as e:
+                taken = "Address already in use" in str(e)
+                if self._started or not (self._own_port and taken) or attempt == 4:
+                    raise
+                self.port = free_port()
+
+    def _start(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             return
         (self.dir / "nodes.conf").unlink(missing_ok=True)
+        (self.dir / "redis.log").unlink(missing_ok=True)  # its tail says why a start failed
         self.proc = subprocess.Popen(
             self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
