@@ -37,6 +37,7 @@ Run: ``.venv/bin/python benchmarks/prefetch.py [--quick] [--json PATH]``.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import statistics
@@ -282,16 +283,22 @@ def main() -> None:
     if per_repeat_b:
         agw, agb = worst(per_repeat_b, "agent_retain_over_off", False)
         bgw, bgb = worst(per_repeat_b, "background_retain_over_off", False)
-        summary.update(
-            agent_hit_ratio_retain_over_off=agw,
-            agent_hit_ratio_retain_over_off_best=agb,
-            background_hit_ratio_retain_over_off=bgw,
-            background_hit_ratio_retain_over_off_best=bgb,
+        summary.update(  # None (JSON null) where no repeat defined the ratio
+            agent_hit_ratio_retain_over_off=None if math.isnan(agw) else agw,
+            agent_hit_ratio_retain_over_off_best=None if math.isnan(agb) else agb,
+            background_hit_ratio_retain_over_off=None if math.isnan(bgw) else bgw,
+            background_hit_ratio_retain_over_off_best=None if math.isnan(bgb) else bgb,
         )
         goals["agent_hit_ratio_retain_over_off"] = agw > 1.0
+        undefined = sum(row["agent_retain_over_off"] is None for row in per_repeat_b)
         print(
             f"  agents' hit ratio, retain_s / none: {agw:.2f} / {agb:.2f} (goal > 1); "
             f"background: {bgw:.2f} / {bgb:.2f}"
+            + (
+                f" ({undefined} repeat(s) without any agent hit when off: left out)"
+                if undefined
+                else ""
+            )
         )
     summary["goals_met"] = goals
     print(
@@ -314,9 +321,17 @@ def main() -> None:
     )
 
 
+def ratio(a: float, b: float) -> float | None:
+    """``a / b``, or None where ``b`` is 0 (a repeat whose reference had no hit at all)."""
+    return a / b if b > 0 else None
+
+
 def worst(rows: list[dict[str, Any]], key: str, high_is_bad: bool) -> tuple[float, float]:
-    """(worst, best) of one ratio over the repeats."""
-    xs = [row[key] for row in rows]
+    """(worst, best) of one ratio over the repeats where it is defined (NaN where it never
+    is)."""
+    xs = [row[key] for row in rows if row[key] is not None]
+    if not xs:
+        return math.nan, math.nan
     return (max(xs), min(xs)) if high_is_bad else (min(xs), max(xs))
 
 
@@ -378,9 +393,10 @@ def agent_figures(result: dict[str, Any], args: argparse.Namespace) -> list[dict
         out.append(
             {
                 "hit_ratio": fig,
-                "agent_retain_over_off": fig["retain"]["agent"] / max(fig["off"]["agent"], 1e-9),
-                "background_retain_over_off": fig["retain"]["background"]
-                / max(fig["off"]["background"], 1e-9),
+                "agent_retain_over_off": ratio(fig["retain"]["agent"], fig["off"]["agent"]),
+                "background_retain_over_off": ratio(
+                    fig["retain"]["background"], fig["off"]["background"]
+                ),
             }
         )
     print()
