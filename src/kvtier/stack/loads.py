@@ -84,7 +84,7 @@ class LoadPlanner:
         """``(external tokens, load asynchronously)``.
 
         Sync (within this step) when every run is in a tier that allows it (host memory,
-        or a local medium whose load bandwidth was measured: the disk tier) and the hit's
+        or a local medium priced at its measured load speed: the disk tier) and the hit's
         cost fits what is left of this step's budget (host-memory bytes; a slower tier's
         bytes cost more, :meth:`~kvtier.budget.BudgetTracker.host_bytes`); async otherwise.
         A sync hit must leave at least one token to compute, so a hit covering the whole
