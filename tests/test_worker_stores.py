@@ -13,6 +13,7 @@ from kvtier.jobs import StepPlan, TransferJob
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer import KVRegions, TransferEngine
 from kvtier.worker import WorkerSide
+from tests.support.jobs import make_job
 from tests.support.kv_tensors import block_bytes, cpu_layout
 
 
@@ -24,28 +25,12 @@ def side() -> tuple[list[torch.Tensor], WorkerSide]:
 
 
 def store(job_id: int, block: int, slot: int) -> TransferJob:
-    return TransferJob(
-        job_id=job_id,
-        req_id="r",
-        kind="store",
-        tier="cpu",
-        sync=False,
-        keys=[b"k%d" % job_id],
-        slots=[slot],
-        block_ids=[block],
-    )
+    return make_job("store", "cpu", [b"k%d" % job_id], [slot], [block], job_id=job_id)
 
 
 def load(job_id: int, block: int, slot: int) -> TransferJob:
-    return TransferJob(
-        job_id=job_id,
-        req_id="q",
-        kind="load",
-        tier="cpu",
-        sync=True,
-        keys=[b"k%d" % slot],
-        slots=[slot],
-        block_ids=[block],
+    return make_job(
+        "load", "cpu", [b"k%d" % slot], [slot], [block], job_id=job_id, req_id="q", sync=True
     )
 
 

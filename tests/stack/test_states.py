@@ -170,18 +170,10 @@ def test_a_request_is_received_once_both_sides_are_and_failed_if_either_failed()
     finished) if either failed."""
     from kvtier.jobs import TransferJob
     from kvtier.vllm.hybrid import ReceiveParts
+    from tests.support.jobs import make_job
 
     def load(req: str, sync: bool = False) -> TransferJob:
-        return TransferJob(
-            job_id=0,
-            req_id=req,
-            kind="load",
-            tier="cpu",
-            sync=sync,
-            keys=[b"k"],
-            slots=[0],
-            block_ids=[1],
-        )
+        return make_job("load", "cpu", [b"k"], [0], [1], job_id=0, req_id=req, sync=sync)
 
     parts = ReceiveParts()
     parts.expect([load("a"), load("b"), load("c"), load("d", sync=True)])

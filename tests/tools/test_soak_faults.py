@@ -11,7 +11,6 @@ import torch
 
 from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
-from kvtier.jobs import TransferJob
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.disk.slab import DiskSlab
@@ -19,6 +18,7 @@ from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.tools.soak.disk_faults import DiskFaultInjector
 from kvtier.tools.soak.run import small_filesystem
 from kvtier.transfer import KVRegions, TransferEngine
+from tests.support.jobs import make_job
 
 NS = Namespace("soak-model", "layout", "tp1").digest()
 CH = 16 << 10
@@ -111,47 +111,11 @@ def test_row_path_faults_fail_whole_jobs_and_scribble_loads():
     store = FaultyStore(slab, FaultPlan(fail_all_reads=True, rows=True))
     eng = TransferEngine(regions, {"cpu": store}, 1)
     try:
-        assert (
-            eng.plan(
-                TransferJob(
-                    job_id=9,
-                    req_id="r",
-                    kind="load",
-                    tier="cpu",
-                    sync=True,
-                    keys=[b"a"],
-                    slots=[0],
-                    block_ids=[1],
-                )
-            )[0]
-            == "rows"
-        )
-        eng.submit(
-            TransferJob(
-                job_id=1,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"a", b"b"],
-                slots=[0, 1],
-                block_ids=[3, 4],
-            )
-        )
+        assert eng.plan(make_job("load", "cpu", [b"a"], [0], [1], job_id=9, sync=True))[0] == "rows"
+        eng.submit(make_job("store", "cpu", [b"a", b"b"], [0, 1], [3, 4]))
         assert eng.wait([1], timeout=10)
         before = kv[0][5].clone()
-        eng.submit(
-            TransferJob(
-                job_id=2,
-                req_id="r",
-                kind="load",
-                tier="cpu",
-                sync=True,
-                keys=[b"a", b"b"],
-                slots=[0, 1],
-                block_ids=[5, 6],
-            )
-        )
+        eng.submit(make_job("load", "cpu", [b"a", b"b"], [0, 1], [5, 6], job_id=2, sync=True))
         assert eng.wait([2], timeout=10)
         results = {r.job_id: r for r in eng.poll()}
         assert results[1].all_ok and not any(results[2].ok)
@@ -180,18 +144,8 @@ def test_tier_to_tier_copies_out_of_a_wrapped_disk_store_move_exact_bytes(tmp_pa
         KVRegions.from_tensors([torch.zeros(4, CH, dtype=torch.uint8)], 4), stores, 1
     )
     try:
-        copy = TransferJob(
-            job_id=1,
-            req_id="r",
-            kind="copy",
-            tier="disk",
-            sync=False,
-            keys=keys,
-            slots=[0, 1, 2, 3],
-            block_ids=[],
-            skip=0,
-            dst_tier="cpu",
-            dst_slots=[3, 2, 1, 0],
+        copy = make_job(
+            "copy", "disk", keys, [0, 1, 2, 3], [], skip=0, dst_tier="cpu", dst_slots=[3, 2, 1, 0]
         )
         eng.submit(copy)
         assert eng.wait([1], timeout=10)

@@ -11,11 +11,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtier.jobs import TransferJob
 from kvtier.layout import AttentionKind
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer import KVRegions, TransferEngine
 from kvtier.transfer.groups import NULL_BLOCK, BlockIdCodec, GroupedRegions
+from tests.support.jobs import make_job
 
 
 def _config(*specs_and_layers):
@@ -224,50 +224,17 @@ def test_grouped_store_and_load_move_each_groups_blocks():
     try:
         src = list(codec.encode([[3, 4, 5, 6], [7, 8, 9, 10]]))
         want = [(_block(full, f), _block(swa, s)) for f, s in ((3, 7), (4, 8), (5, 9), (6, 10))]
-        eng.submit(
-            TransferJob(
-                job_id=1,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"a", b"b"],
-                slots=[0, 1],
-                block_ids=src,
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"a", b"b"], [0, 1], src))
         # A chunk whose sliding block was freed (null) cannot be stored, nor what follows.
         freed = list(codec.encode([[3, 4, 5, 6], [NULL_BLOCK, 8, 9, 10]]))
-        eng.submit(
-            TransferJob(
-                job_id=2,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"c", b"d"],
-                slots=[2, 3],
-                block_ids=freed,
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"c", b"d"], [2, 3], freed, job_id=2))
         assert eng.wait([1, 2], timeout=10)
         res = {r.job_id: r for r in eng.poll()}
         assert res[1].ok == [True, True] and res[2].ok == [False, False]
         # Load into new blocks; the sliding group's first position is out of the window.
         null_before = _block(swa, NULL_BLOCK)
         dst = list(codec.encode([[11, 12, 13, 14], [NULL_BLOCK, 1, 2, 15]]))
-        eng.submit(
-            TransferJob(
-                job_id=3,
-                req_id="r",
-                kind="load",
-                tier="cpu",
-                sync=True,
-                keys=[b"a", b"b"],
-                slots=[0, 1],
-                block_ids=dst,
-            )
-        )
+        eng.submit(make_job("load", "cpu", [b"a", b"b"], [0, 1], dst, job_id=3, sync=True))
         assert eng.wait([3], timeout=10)
         assert eng.poll()[0].all_ok
         for (f, s), (wf, ws) in zip(((11, None), (12, 1), (13, 2), (14, 15)), want, strict=True):

@@ -10,13 +10,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtier.jobs import StepPlan, TransferJob
+from kvtier.jobs import StepPlan
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.faulty import FaultPlan, FaultyStore
 from kvtier.transfer import KVRegions, TransferEngine
 from kvtier.transfer.layered import LayeredLoad
 from kvtier.transfer.plans import run_plan, split_last_block, split_segments
 from kvtier.worker import WorkerSide
+from tests.support.jobs import make_job
 
 BLOCKS, BPC, LAYERS = 32, 2, 4
 SRC = [1, 2, 3, 4, 5, 6]  # three chunks
@@ -51,31 +52,11 @@ def setup(store_wrap=None, slab_cls=CpuSlab):
     wrapped = store_wrap(store) if store_wrap else store
     eng = TransferEngine(regions, {"cpu": wrapped}, BPC)
     keys = [b"a", b"b", b"c"]
-    eng.submit(
-        TransferJob(
-            job_id=1,
-            req_id="r",
-            kind="store",
-            tier="cpu",
-            sync=False,
-            keys=keys,
-            slots=[0, 1, 2],
-            block_ids=SRC,
-        )
-    )
+    eng.submit(make_job("store", "cpu", keys, [0, 1, 2], SRC))
     assert eng.wait([1], timeout=10) and eng.poll()[0].all_ok
     for t in kv.values():
         t[:, DST] = 0
-    load = TransferJob(
-        job_id=2,
-        req_id="r",
-        kind="load",
-        tier="cpu",
-        sync=True,
-        keys=keys,
-        slots=[0, 1, 2],
-        block_ids=DST,
-    )
+    load = make_job("load", "cpu", keys, [0, 1, 2], DST, job_id=2, sync=True)
     return kv, regions, eng, load, wrapped
 
 
@@ -214,17 +195,7 @@ def test_split_segments_copies_every_byte_once_and_the_last_block_first(bpc, chu
     n = chunks * bpc - skip
     dst = data.draw(st.lists(st.integers(0, BLOCKS - 1), min_size=n, max_size=n, unique=True))
     keys = [bytes([i]) for i in range(chunks)]
-    job = TransferJob(
-        job_id=1,
-        req_id="r",
-        kind="load",
-        tier="cpu",
-        sync=True,
-        keys=keys,
-        slots=list(range(chunks)),
-        block_ids=dst,
-        skip=skip,
-    )
+    job = make_job("load", "cpu", keys, list(range(chunks)), dst, sync=True, skip=skip)
     stores = {"cpu": slab}
     eng = TransferEngine(regions, stores, bpc)
     try:
@@ -257,16 +228,7 @@ def test_split_segments_copies_every_byte_once_and_the_last_block_first(bpc, chu
 def test_a_part_counts_as_copied_only_after_its_fence():
     """Device copies: ``wait_layer`` must not return before the copy stream finished the
     layer. The fence runs after each part's copies and before the part is reported."""
-    job = TransferJob(
-        job_id=1,
-        req_id="r",
-        kind="load",
-        tier="cpu",
-        sync=True,
-        keys=[b"a"],
-        slots=[0],
-        block_ids=[5],
-    )
+    job = make_job("load", "cpu", [b"a"], [0], [5], sync=True)
     layers = [[0], [1], [2]]
     unit = LayeredLoad([job], [(("rows", []), ("rows", []))], layers)
     unit.release()

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from kvtier.errors import ConfigError
-from kvtier.jobs import TransferJob
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.transfer import KVRegions, TransferEngine
+from tests.support.jobs import make_job
 from tests.support.kv_tensors import block_bytes, cpu_layout
 
 
@@ -41,46 +41,12 @@ def test_store_then_load_moves_exact_bytes_across_layouts():
     try:
         src_blocks = [0, 1, 2, 7, 9, 8]  # two chunks: one contiguous run, one scattered
         before = [block_bytes(kv, b).clone() for b in src_blocks]
-        eng.submit(
-            TransferJob(
-                job_id=1,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"k1", b"k2"],
-                slots=[5, 2],
-                block_ids=src_blocks,
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"k1", b"k2"], [5, 2], src_blocks))
         assert eng.wait([1], timeout=10)
         # load both chunks whole (scattered destination), then chunk 2 skipping its first block
         dst = [10, 11, 12, 14, 13, 17]
-        eng.submit(
-            TransferJob(
-                job_id=2,
-                req_id="r",
-                kind="load",
-                tier="cpu",
-                sync=True,
-                keys=[b"k1", b"k2"],
-                slots=[5, 2],
-                block_ids=dst,
-            )
-        )
-        eng.submit(
-            TransferJob(
-                job_id=3,
-                req_id="r",
-                kind="load",
-                tier="cpu",
-                sync=False,
-                keys=[b"k2"],
-                slots=[2],
-                block_ids=[15, 16],
-                skip=1,
-            )
-        )
+        eng.submit(make_job("load", "cpu", [b"k1", b"k2"], [5, 2], dst, job_id=2, sync=True))
+        eng.submit(make_job("load", "cpu", [b"k2"], [2], [15, 16], job_id=3, skip=1))
         assert eng.wait([2, 3], timeout=10)
         results = {r.job_id: r for r in eng.poll()}
         assert all(r.all_ok for r in results.values())
@@ -98,30 +64,8 @@ def test_job_exception_fails_the_job_not_the_engine():
     regions = KVRegions.from_tensors(kv, num_blocks=20)
     eng = TransferEngine(regions, {"cpu": CpuSlab(2, regions.row_bytes, 1)}, 1)
     try:
-        eng.submit(
-            TransferJob(
-                job_id=1,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"k"],
-                slots=[99],
-                block_ids=[0],
-            )
-        )  # bad slot
-        eng.submit(
-            TransferJob(
-                job_id=2,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"k"],
-                slots=[1],
-                block_ids=[0],
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"k"], [99], [0]))  # bad slot
+        eng.submit(make_job("store", "cpu", [b"k"], [1], [0], job_id=2))
         assert eng.wait([1, 2], timeout=10)
         res = {r.job_id: r.all_ok for r in eng.poll()}
         assert res == {1: False, 2: True}
@@ -154,18 +98,7 @@ def test_row_path_and_segment_path_agree(faulty):
     try:
         src = [3, 4, 9, 1, 20, 21, 22, 5]  # 4 chunks into slots 2,3,4 (a run) and 7
         before = [block_bytes(kv, b).clone() for b in src]
-        eng.submit(
-            TransferJob(
-                job_id=1,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"a", b"b", b"c", b"d"],
-                slots=[2, 3, 4, 7],
-                block_ids=src,
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"a", b"b", b"c", b"d"], [2, 3, 4, 7], src))
         assert eng.wait([1], timeout=10)
         # Read the payload of slot 3 through the generic path and compare with the blocks.
         out = torch.empty(regions.chunk_bytes(bpc), dtype=torch.uint8)
@@ -185,15 +118,14 @@ def test_row_path_and_segment_path_agree(faulty):
         assert torch.equal(out, expect)
         dst = [30, 31, 35, 33, 34, 36, 37]  # skip the first block of chunk "a"
         eng.submit(
-            TransferJob(
+            make_job(
+                "load",
+                "cpu",
+                [b"a", b"b", b"c", b"d"],
+                [2, 3, 4, 7],
+                dst,
                 job_id=2,
-                req_id="r",
-                kind="load",
-                tier="cpu",
                 sync=True,
-                keys=[b"a", b"b", b"c", b"d"],
-                slots=[2, 3, 4, 7],
-                block_ids=dst,
                 skip=1,
             )
         )
@@ -234,35 +166,13 @@ def test_a_sync_load_that_fails_once_is_copied_again_within_the_step(rows):
     try:
         src = [1, 2, 3, 4]
         before = [block_bytes(kv, b).clone() for b in src]
-        eng.submit(
-            TransferJob(
-                job_id=1,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"a", b"b"],
-                slots=[0, 1],
-                block_ids=src,
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"a", b"b"], [0, 1], src))
         assert eng.wait([1], timeout=10) and eng.poll()[0].all_ok
         cases = [(True, 1, True), (True, 10, False), (False, 1, False)]  # sync?, failures, ok
         for job_id, (sync, fails, want_ok) in enumerate(cases, start=2):
             store.left = fails
             dst = [20 + job_id, 21 + job_id, 10, 11]
-            eng.submit(
-                TransferJob(
-                    job_id=job_id,
-                    req_id="r",
-                    kind="load",
-                    tier="cpu",
-                    sync=sync,
-                    keys=[b"a", b"b"],
-                    slots=[0, 1],
-                    block_ids=dst,
-                )
-            )
+            eng.submit(make_job("load", "cpu", [b"a", b"b"], [0, 1], dst, job_id=job_id, sync=sync))
             assert eng.wait([job_id], timeout=10)
             (result,) = eng.poll()
             assert result.all_ok is want_ok, (sync, fails)
@@ -291,57 +201,16 @@ def test_cpu_tier_stores_run_on_the_submitting_thread_when_their_lane_is_idle():
 
     slab.store_rows = spy  # type: ignore[method-assign]
     try:
-        eng.submit(
-            TransferJob(
-                job_id=1,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"k1"],
-                slots=[0],
-                block_ids=[3],
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"k1"], [0], [3]))
         assert [r.job_id for r in eng.poll()] == [1]  # done before submit returned
         eng.inline_stores = False
-        eng.submit(
-            TransferJob(
-                job_id=2,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"k2"],
-                slots=[1],
-                block_ids=[4],
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"k2"], [1], [4], job_id=2))
         eng.inline_stores = True
-        eng.submit(
-            TransferJob(
-                job_id=3,
-                req_id="r",
-                kind="store",
-                tier="cpu",
-                sync=False,
-                keys=[b"k3"],
-                slots=[2],
-                block_ids=[5],
-                after=[2],
-            )
-        )
+        eng.submit(make_job("store", "cpu", [b"k3"], [2], [5], job_id=3, after=[2]))
         assert eng.wait([2, 3], timeout=10)
         assert threads == [threading.current_thread().name, "kvtier-normal", "kvtier-normal"]
-        load = TransferJob(
-            job_id=4,
-            req_id="r",
-            kind="load",
-            tier="cpu",
-            sync=True,
-            keys=[b"k1", b"k2", b"k3"],
-            slots=[0, 1, 2],
-            block_ids=[9, 10, 11],
+        load = make_job(
+            "load", "cpu", [b"k1", b"k2", b"k3"], [0, 1, 2], [9, 10, 11], job_id=4, sync=True
         )
         eng.submit(load)
         assert eng.wait([4], timeout=10)

@@ -13,12 +13,12 @@ import torch
 
 import kvtier.tiers.disk.slab as disk_module
 from kvtier.contract import Buffers
-from kvtier.jobs import TransferJob
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.tiers.cpu import CpuSlab
 from kvtier.tiers.disk.native import native_io
 from kvtier.tiers.disk.slab import DiskSlab
 from kvtier.transfer import KVRegions, TransferEngine
+from tests.support.jobs import make_job
 
 NS = Namespace("buffers-model", "layout").digest()
 
@@ -65,17 +65,7 @@ def test_disk_jobs_are_planned_as_buffers_and_move_exact_bytes(setup):
     keys = keys_of(3)
     src = [0, 1, 2, 7, 9, 8, 20, 3, 4]  # a contiguous run, scattered blocks, a mix
     before = [block_bytes(kv, b).clone() for b in src]
-    store = TransferJob(
-        job_id=1,
-        req_id="r",
-        kind="store",
-        tier="disk",
-        sync=False,
-        keys=keys,
-        slots=[4, 5, 1],
-        block_ids=src,
-        parents=[None, *keys[:-1]],
-    )
+    store = make_job("store", "disk", keys, [4, 5, 1], src, parents=[None, *keys[:-1]])
     assert eng.plan(store)[0] == "buffers"
     assert run(eng, store).all_ok
     # The oracle: the segment path reads the same payloads back.
@@ -87,17 +77,7 @@ def test_disk_jobs_are_planned_as_buffers_and_move_exact_bytes(setup):
             assert torch.equal(out[off : off + view.numel()], view)
     # Load all three elsewhere, the first chunk skipping its first block (a gap).
     dst = [10, 11, 12, 13, 14, 15, 16, 17]
-    load = TransferJob(
-        job_id=2,
-        req_id="r",
-        kind="load",
-        tier="disk",
-        sync=True,
-        keys=keys,
-        slots=[4, 5, 1],
-        block_ids=dst,
-        skip=1,
-    )
+    load = make_job("load", "disk", keys, [4, 5, 1], dst, job_id=2, sync=True, skip=1)
     assert eng.plan(load)[0] == "buffers"
     assert run(eng, load).all_ok
     for i, b in enumerate(dst):
@@ -112,28 +92,9 @@ def test_a_buffers_plan_runs_again_unchanged(setup):
     src = [5, 6, 7, 1, 2, 3]
     assert run(
         eng,
-        TransferJob(
-            job_id=1,
-            req_id="r",
-            kind="store",
-            tier="disk",
-            sync=False,
-            keys=keys,
-            slots=[0, 1],
-            block_ids=src,
-        ),
+        make_job("store", "disk", keys, [0, 1], src),
     ).all_ok
-    load = TransferJob(
-        job_id=2,
-        req_id="r",
-        kind="load",
-        tier="disk",
-        sync=True,
-        keys=keys,
-        slots=[0, 1],
-        block_ids=[18, 19, 20, 21, 22],
-        skip=1,
-    )
+    load = make_job("load", "disk", keys, [0, 1], [18, 19, 20, 21, 22], job_id=2, sync=True, skip=1)
     prepared = eng.plan(load)
     kept = prepared[1].ptrs.copy()
     for _ in range(2):
@@ -152,44 +113,15 @@ def test_cpu_to_disk_copies_use_payload_buffers(setup):
     src = [2, 3, 4, 11, 9, 10]
     assert run(
         eng,
-        TransferJob(
-            job_id=1,
-            req_id="r",
-            kind="store",
-            tier="cpu",
-            sync=False,
-            keys=keys,
-            slots=[6, 7],
-            block_ids=src,
-        ),
+        make_job("store", "cpu", keys, [6, 7], src),
     ).all_ok
-    copy = TransferJob(
-        job_id=2,
-        req_id="r",
-        kind="copy",
-        tier="cpu",
-        sync=False,
-        keys=keys,
-        slots=[6, 7],
-        block_ids=[],
-        dst_tier="disk",
-        dst_slots=[2, 3],
-    )
+    copy = make_job("copy", "cpu", keys, [6, 7], [], job_id=2, dst_tier="disk", dst_slots=[2, 3])
     assert eng.plan(copy)[0] == "copy-buffers"
     assert run(eng, copy).all_ok
     dst = [12, 13, 14, 15, 16, 17]
     assert run(
         eng,
-        TransferJob(
-            job_id=3,
-            req_id="r",
-            kind="load",
-            tier="disk",
-            sync=False,
-            keys=keys,
-            slots=[2, 3],
-            block_ids=dst,
-        ),
+        make_job("load", "disk", keys, [2, 3], dst, job_id=3),
     ).all_ok
     for a, b in zip(src, dst, strict=True):
         assert torch.equal(block_bytes(kv, b), block_bytes(kv, a))
@@ -286,32 +218,14 @@ def test_without_the_native_path_jobs_use_segments(tmp_path):
     try:
         assert not slab.accepts_buffers()
         keys = keys_of(2, b"py")
-        store = TransferJob(
-            job_id=1,
-            req_id="r",
-            kind="store",
-            tier="disk",
-            sync=False,
-            keys=keys,
-            slots=[0, 1],
-            block_ids=[3, 4],
-        )
+        store = make_job("store", "disk", keys, [0, 1], [3, 4])
         assert eng.plan(store)[0] == "segments"
         assert run(eng, store).all_ok
         with pytest.raises(RuntimeError, match="native"):
             slab.read_buffers([0], keys[:1], regions.buffers([5], 0, 1))
         assert run(
             eng,
-            TransferJob(
-                job_id=2,
-                req_id="r",
-                kind="load",
-                tier="disk",
-                sync=False,
-                keys=keys,
-                slots=[0, 1],
-                block_ids=[5, 6],
-            ),
+            make_job("load", "disk", keys, [0, 1], [5, 6], job_id=2),
         ).all_ok
         assert torch.equal(block_bytes(kv, 5), block_bytes(kv, 3))
         assert torch.equal(block_bytes(kv, 6), block_bytes(kv, 4))

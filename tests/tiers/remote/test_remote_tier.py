@@ -654,9 +654,9 @@ def test_probe_answers_pending_instead_of_blocking(server):  # noqa: F811
 def test_network_jobs_have_their_own_queue(server):  # noqa: F811
     """Remote I/O never waits behind disk I/O (nor disk behind a slow server), and a
     remote load never waits behind remote stores."""
-    from kvtier.jobs import TransferJob
     from kvtier.tiers.memory import DictStore
     from kvtier.transfer import KVRegions, TransferEngine
+    from tests.support.jobs import make_job
 
     kv = [torch.zeros(8, 64, dtype=torch.uint8)]
     remote = RemoteStore(
@@ -667,17 +667,7 @@ def test_network_jobs_have_their_own_queue(server):  # noqa: F811
     try:
 
         def job(kind, tier, dst=""):
-            return TransferJob(
-                job_id=0,
-                req_id="r",
-                kind=kind,
-                tier=tier,
-                sync=False,
-                keys=[b"k" * 16],
-                slots=[0],
-                block_ids=[0],
-                dst_tier=dst,
-            )
+            return make_job(kind, tier, [b"k" * 16], [0], [0], job_id=0, dst_tier=dst)
 
         assert engine.lane_of(job("load", "redis")) == "net-load"
         assert engine.lane_of(job("copy", "cpu", "redis")) == "net"
